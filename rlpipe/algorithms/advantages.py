@@ -1,0 +1,396 @@
+"""Advantage estimators and per-token rewards (numpy, float64).
+
+Why numpy and not torch: the advantage stage reads a Parquet file of rewards and writes
+advantages; importing torch would triple its start-up time for arithmetic on a few thousand
+numbers. Everything here is float64 so that the stored advantages do not depend on the device.
+
+Conventions (see ALGORITHMS.md): `B` sequences, `T` padded completion tokens; `mask_BT` (bool or
+0/1) marks valid completion tokens. Padded positions never enter a sum, a mean or a statistic, and
+are exactly 0 in every output (whatever the input held there, NaN included).
+
+Every estimator is also reachable through `ADVANTAGE_ESTIMATORS`, whose entries share one
+keyword-only signature and return an `AdvantageResult`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+GRPO_STD_MODES = ("sample", "population")
+_DDOF = {"sample": 1, "population": 0}
+
+
+# --------------------------------------------------------------------------------------------
+# input checks
+
+
+def _rewards(rewards_B) -> np.ndarray:
+    r_B = np.asarray(rewards_B, dtype=np.float64)
+    if r_B.ndim != 1:
+        raise ValueError(f"rewards_B must be 1-D [B], got shape {r_B.shape}")
+    if not np.all(np.isfinite(r_B)):
+        raise ValueError("rewards_B contains NaN or inf")
+    return r_B
+
+
+def _groups(group_index_B, num_sequences: int) -> tuple[np.ndarray, np.ndarray]:
+    """Map arbitrary integer group ids to 0..num_groups-1; return (inverse_B, group_size_g)."""
+    g_B = np.asarray(group_index_B)
+    if g_B.shape != (num_sequences,):
+        raise ValueError(f"group_index_B must have shape ({num_sequences},), got {g_B.shape}")
+    if num_sequences and not np.issubdtype(g_B.dtype, np.integer):
+        raise ValueError(f"group_index_B must hold integer group ids, got dtype {g_B.dtype}")
+    _, inverse_B, size_g = np.unique(g_B, return_inverse=True, return_counts=True)
+    return inverse_B.reshape(-1), size_g
+
+
+def as_bool_mask(mask_BT, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """Return `mask_BT` as a bool array; a numeric mask must hold only 0 and 1.
+
+    Why strict: a mask of 0.5s (a weight passed by mistake) would otherwise silently count as valid.
+    """
+    m = np.asarray(mask_BT)
+    if m.ndim != 2:
+        raise ValueError(f"mask_BT must be 2-D [B, T], got shape {m.shape}")
+    if shape is not None and m.shape != tuple(shape):
+        raise ValueError(f"mask_BT has shape {m.shape}, expected {tuple(shape)}")
+    if m.dtype != np.bool_:
+        if not np.all((m == 0) | (m == 1)):
+            raise ValueError("a numeric mask_BT must hold only 0 and 1")
+        m = m.astype(bool)
+    return m
+
+
+def _tokens(x_BT, name: str, mask_BT: np.ndarray) -> np.ndarray:
+    """float64 copy of a token array with padding set to 0 (so NaN padding cannot leak)."""
+    x = np.asarray(x_BT, dtype=np.float64)
+    if x.shape != mask_BT.shape:
+        raise ValueError(f"{name} has shape {x.shape}, mask_BT has {mask_BT.shape}")
+    x = np.where(mask_BT, x, 0.0)
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{name} contains NaN or inf at valid tokens")
+    return x
+
+
+# --------------------------------------------------------------------------------------------
+# group (sequence-level) estimators
+
+
+def _group_stats(r_B: np.ndarray, group_index_B):
+    """Per-sequence group mean, group size, and which groups are zero-variance / singletons."""
+    inv_B, size_g = _groups(group_index_B, r_B.shape[0])
+    num_groups = size_g.shape[0]
+    mean_g = np.bincount(inv_B, weights=r_B, minlength=num_groups) / np.maximum(size_g, 1)
+    # Zero variance decided exactly (max == min), not by std < tol: the float mean of equal
+    # numbers need not equal them, which would leave tiny nonzero advantages.
+    max_g = np.full(num_groups, -np.inf)
+    min_g = np.full(num_groups, np.inf)
+    np.maximum.at(max_g, inv_B, r_B)
+    np.minimum.at(min_g, inv_B, r_B)
+    singleton_g = size_g == 1
+    zero_var_g = (max_g == min_g) & ~singleton_g
+    return inv_B, size_g, mean_g, singleton_g, zero_var_g
+
+
+def _group_metrics(size_g, singleton_g, zero_var_g) -> dict:
+    num_groups = int(size_g.shape[0])
+    return {
+        "num_groups": num_groups,
+        # groups of >= 2 samples whose rewards are all equal (no learning signal; DAPO drops them)
+        "zero_variance_groups": int(zero_var_g.sum()),
+        "zero_variance_fraction": float(zero_var_g.sum() / num_groups) if num_groups else 0.0,
+        # groups of one sample: no baseline exists, so their advantage is 0
+        "singleton_groups": int(singleton_g.sum()),
+    }
+
+
+def grpo_advantages(rewards_B, group_index_B, *, std_mode: str, eps: float) -> tuple[np.ndarray, dict]:
+    """GRPO group z-score: `A_i = (R_i - mean_g R) / (std_g R + eps)`.
+
+    Why: the group of completions of one prompt is its own baseline (no critic). ALGORITHMS.md
+    (choice): `std_mode="sample"` (Bessel, divide by G-1) with eps 1e-6 is the default of the
+    common open frameworks; `"population"` (divide by G) is the alternative. Groups whose rewards
+    are all equal get exactly 0, and singleton groups (no baseline) get 0; both are counted in
+    the metrics rather than papered over.
+
+    Shapes: rewards_B [B] float, group_index_B [B] integer ids (any order, need not be
+    contiguous) -> (advantages_B [B] float64, metrics dict of python numbers).
+    Reference: Shao et al. 2024, DeepSeekMath (arXiv:2402.03300), section 4.1.
+    """
+    if std_mode not in _DDOF:
+        raise ValueError(f"std_mode must be one of {GRPO_STD_MODES}, got {std_mode!r}")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    r_B = _rewards(rewards_B)
+    inv_B, size_g, mean_g, singleton_g, zero_var_g = _group_stats(r_B, group_index_B)
+    dev_B = r_B - mean_g[inv_B]
+    sq_g = np.bincount(inv_B, weights=dev_B**2, minlength=size_g.shape[0])
+    ddof = _DDOF[std_mode]
+    std_g = np.sqrt(sq_g / np.maximum(size_g - ddof, 1))
+    no_signal_B = (singleton_g | zero_var_g)[inv_B]
+    # denominator 1 where the answer is 0 anyway, so eps = 0 never divides 0 by 0
+    adv_B = dev_B / np.where(no_signal_B, 1.0, std_g[inv_B] + eps)
+    adv_B[no_signal_B] = 0.0
+    return adv_B, _group_metrics(size_g, singleton_g, zero_var_g)
+
+
+def dr_grpo_advantages(rewards_B, group_index_B) -> tuple[np.ndarray, dict]:
+    """Dr.GRPO: `A_i = R_i - mean_g R` (GRPO without the std division).
+
+    Why: dividing by the group std up-weights prompts that are nearly always solved or nearly
+    always failed (a difficulty bias); Dr.GRPO drops it. Singleton and zero-variance groups give
+    exactly 0. Shapes: rewards_B [B], group_index_B [B] ints -> (advantages_B [B] float64, metrics).
+    Reference: Liu et al. 2025, Understanding R1-Zero-Like Training (arXiv:2503.20783).
+    """
+    r_B = _rewards(rewards_B)
+    inv_B, size_g, mean_g, singleton_g, zero_var_g = _group_stats(r_B, group_index_B)
+    adv_B = r_B - mean_g[inv_B]
+    adv_B[(singleton_g | zero_var_g)[inv_B]] = 0.0
+    return adv_B, _group_metrics(size_g, singleton_g, zero_var_g)
+
+
+def rloo_advantages(rewards_B, group_index_B) -> tuple[np.ndarray, dict]:
+    """RLOO: `A_i = R_i - (1/(G-1)) sum_{j != i} R_j` (leave-one-out baseline).
+
+    Why: the baseline of sample i does not depend on R_i, so the policy-gradient estimate stays
+    unbiased (unlike the group mean, which includes R_i). A singleton group has no other sample
+    and gets 0. Shapes: rewards_B [B], group_index_B [B] ints -> (advantages_B [B] float64, metrics).
+    Reference: Ahmadian et al. 2024, Back to Basics (arXiv:2402.14740); Kool et al. 2019.
+    """
+    r_B = _rewards(rewards_B)
+    inv_B, size_g, _, singleton_g, zero_var_g = _group_stats(r_B, group_index_B)
+    sum_g = np.bincount(inv_B, weights=r_B, minlength=size_g.shape[0])
+    others_B = np.maximum(size_g[inv_B] - 1, 1)
+    adv_B = r_B - (sum_g[inv_B] - r_B) / others_B
+    adv_B[(singleton_g | zero_var_g)[inv_B]] = 0.0
+    return adv_B, _group_metrics(size_g, singleton_g, zero_var_g)
+
+
+# --------------------------------------------------------------------------------------------
+# token-level rewards and estimators
+
+
+def kl_penalized_token_rewards(scores_B, old_logprobs_BT, ref_logprobs_BT, mask_BT, *, beta: float) -> np.ndarray:
+    """Per-token reward with the KL penalty in the reward (PPO / InstructGPT style).
+
+    `r_t = -beta * (log pi_old(o_t) - log pi_ref(o_t))` at every valid token, plus the sequence
+    score `R` on the last valid token. Worked example (ALGORITHMS.md): score 0.8, KL 0.05, beta 6
+    -> 0.8 - 6 * 0.05 = 0.5. `beta = 0` turns the penalty off. A sequence with no valid token has
+    nowhere to put its score and stays all 0 (it is outside the loss anyway, e.g. an overlong
+    completion masked out).
+
+    Shapes: scores_B [B]; old_logprobs_BT, ref_logprobs_BT, mask_BT [B, T] -> rewards_BT [B, T]
+    float64, 0 at padding. Reference: Ouyang et al. 2022 (arXiv:2203.02155); Ziegler et al. 2019.
+    """
+    s_B = _rewards(scores_B)
+    m = as_bool_mask(mask_BT)
+    if m.shape[0] != s_B.shape[0]:
+        raise ValueError(f"scores_B has {s_B.shape[0]} rows, mask_BT has {m.shape[0]}")
+    old = _tokens(old_logprobs_BT, "old_logprobs_BT", m)
+    ref = _tokens(ref_logprobs_BT, "ref_logprobs_BT", m)
+    rewards_BT = np.where(m, -beta * (old - ref), 0.0)
+    has_tokens_B = m.any(axis=1)
+    # last valid index = T-1 minus the position of the first True in the reversed row
+    last_B = m.shape[1] - 1 - np.argmax(m[:, ::-1], axis=1)
+    rows_B = np.nonzero(has_tokens_B)[0]
+    rewards_BT[rows_B, last_B[rows_B]] += s_B[rows_B]
+    return rewards_BT
+
+
+def whiten(x_BT, mask_BT, *, eps: float) -> np.ndarray:
+    """`(x - mean) / (std + eps)` with mean and std over the valid tokens of the whole batch.
+
+    Why population std (divide by N): N is the number of valid tokens of the batch, so Bessel's
+    correction changes the result by about 1/N; `std + eps` (not `sqrt(var + eps)`) matches the
+    GRPO z-score above. No valid token (or all equal with eps = 0) -> all 0.
+    Shapes: x_BT, mask_BT [B, T] -> [B, T] float64, 0 at padding.
+    """
+    m = as_bool_mask(mask_BT)
+    x = _tokens(x_BT, "x_BT", m)
+    n = int(m.sum())
+    if n == 0:
+        return np.zeros(m.shape, dtype=np.float64)
+    mean = x[m].mean()
+    std = np.sqrt(((x[m] - mean) ** 2).mean())
+    if std + eps == 0.0:  # all valid values equal and eps = 0: nothing to scale
+        return np.zeros(m.shape, dtype=np.float64)
+    return np.where(m, (x - mean) / (std + eps), 0.0)
+
+
+def reward_to_go(token_rewards_BT, mask_BT) -> np.ndarray:
+    """Undiscounted return `G_t = sum_{t' >= t} r_t'` over valid tokens. Shapes: [B, T] -> [B, T]."""
+    m = as_bool_mask(mask_BT)
+    r = _tokens(token_rewards_BT, "token_rewards_BT", m)
+    return np.where(m, np.cumsum(r[:, ::-1], axis=1)[:, ::-1], 0.0)
+
+
+def reinforce_plus_plus_advantages(token_rewards_BT, mask_BT, *, eps: float) -> np.ndarray:
+    """REINFORCE++: undiscounted reward-to-go, then z-scored over all valid tokens of the batch.
+
+    Why: the token reward already carries the KL penalty (see `kl_penalized_token_rewards`), so
+    the return needs no critic; normalising over the whole batch (not per group) is what
+    distinguishes it from GRPO. Shapes: token_rewards_BT, mask_BT [B, T] -> advantages_BT [B, T]
+    float64, 0 at padding. Reference: Hu 2025, REINFORCE++ (arXiv:2501.03262).
+    """
+    return whiten(reward_to_go(token_rewards_BT, mask_BT), mask_BT, eps=eps)
+
+
+def gae_advantages(token_rewards_BT, values_BT, mask_BT, *, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """Generalised advantage estimation, computed backwards over the valid tokens.
+
+    `delta_t = r_t + gamma * V_{t+1} - V_t`, `A_t = delta_t + gamma * lam * A_{t+1}`, with V and A
+    after the last valid token equal to 0; returns `R_t = A_t + V_t` are the critic targets.
+    Why "next valid token": masked positions are skipped, not treated as terminal, so the same
+    code is right for right-padding and for masked tokens inside a completion (e.g. tool output).
+    The advantages are NOT whitened here (the returns must use the raw A); see `whiten`.
+
+    Shapes: token_rewards_BT, values_BT, mask_BT [B, T] -> (advantages_BT, returns_BT) [B, T]
+    float64, 0 at padding. Reference: Schulman et al. 2016 (arXiv:1506.02438).
+    """
+    m = as_bool_mask(mask_BT)
+    r = _tokens(token_rewards_BT, "token_rewards_BT", m)
+    v = _tokens(values_BT, "values_BT", m)
+    adv_BT = np.zeros(m.shape, dtype=np.float64)
+    next_value_B = np.zeros(m.shape[0])
+    next_adv_B = np.zeros(m.shape[0])
+    for t in range(m.shape[1] - 1, -1, -1):
+        delta_B = r[:, t] + gamma * next_value_B - v[:, t]
+        adv_t_B = delta_B + gamma * lam * next_adv_B
+        valid_B = m[:, t]
+        adv_BT[:, t] = np.where(valid_B, adv_t_B, 0.0)
+        next_value_B = np.where(valid_B, v[:, t], next_value_B)
+        next_adv_B = np.where(valid_B, adv_t_B, next_adv_B)
+    returns_BT = np.where(m, adv_BT + v, 0.0)
+    return adv_BT, returns_BT
+
+
+def adaptive_kl_beta(beta: float, *, observed_kl: float, target_kl: float, horizon: float, num_samples: int) -> float:
+    """One step of the adaptive KL controller: the new beta for the next iteration.
+
+    `e = clip(observed_kl / target_kl - 1, -0.2, 0.2)`, `beta <- beta * (1 + e * n / horizon)`,
+    n = samples in the update. The clip bounds how fast beta can move on one noisy KL reading.
+    beta is state: the caller must carry the returned value to the next iteration.
+    Reference: Ziegler et al. 2019, Fine-Tuning LMs from Human Preferences (arXiv:1909.08593).
+    """
+    if not target_kl > 0:
+        raise ValueError(f"target_kl must be > 0, got {target_kl}")
+    if not horizon > 0:
+        raise ValueError(f"horizon must be > 0, got {horizon}")
+    error = float(np.clip(observed_kl / target_kl - 1.0, -0.2, 0.2))
+    return float(beta * (1.0 + error * num_samples / horizon))
+
+
+# --------------------------------------------------------------------------------------------
+# registry: one signature for every estimator
+
+
+@dataclass(frozen=True)
+class AdvantageResult:
+    """What every entry of `ADVANTAGE_ESTIMATORS` returns.
+
+    token_advantages_BT: [B, T] float64, 0 at padding (sequence estimators broadcast A_i);
+    sequence_advantages_B: [B] for sequence estimators, else None;
+    returns_BT: critic targets [B, T] for "gae", else None; metrics: python numbers.
+    """
+
+    token_advantages_BT: np.ndarray
+    sequence_advantages_B: np.ndarray | None
+    returns_BT: np.ndarray | None
+    metrics: dict
+
+
+# which options each registry entry requires (for config validation and docs)
+ADVANTAGE_ESTIMATOR_OPTIONS: dict[str, tuple[str, ...]] = {
+    "grpo": ("std_mode", "eps"),
+    "dr_grpo": (),
+    "rloo": (),
+    "reinforce_plus_plus": ("eps",),
+    "gae": ("gamma", "lam", "eps"),
+}
+
+
+def _options(name: str, options: dict) -> dict:
+    required = ADVANTAGE_ESTIMATOR_OPTIONS[name]
+    for key in required:
+        if key not in options:
+            raise KeyError(f"advantage estimator {name!r} needs option {key!r} (its options: {list(required)})")
+    unknown = sorted(set(options) - set(required))
+    if unknown:
+        raise ValueError(f"advantage estimator {name!r} got unknown options {unknown} (its options: {list(required)})")
+    return options
+
+
+def _need(name: str, **inputs):
+    for key, value in inputs.items():
+        if value is None:
+            raise ValueError(f"advantage estimator {name!r} needs input {key}")
+
+
+def _broadcast(name, fn, rewards_B, group_index_B, mask_BT, kwargs) -> AdvantageResult:
+    _need(name, rewards_B=rewards_B, group_index_B=group_index_B, mask_BT=mask_BT)
+    adv_B, metrics = fn(rewards_B, group_index_B, **kwargs)
+    m = as_bool_mask(mask_BT)
+    if m.shape[0] != adv_B.shape[0]:
+        raise ValueError(f"mask_BT has {m.shape[0]} rows, rewards_B has {adv_B.shape[0]}")
+    return AdvantageResult(np.where(m, adv_B[:, None], 0.0), adv_B, None, metrics)
+
+
+def _grpo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT, options) -> AdvantageResult:
+    o = _options("grpo", options)
+    kwargs = {"std_mode": o["std_mode"], "eps": o["eps"]}
+    return _broadcast("grpo", grpo_advantages, rewards_B, group_index_B, mask_BT, kwargs)
+
+
+def _dr_grpo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT, options) -> AdvantageResult:
+    _options("dr_grpo", options)
+    return _broadcast("dr_grpo", dr_grpo_advantages, rewards_B, group_index_B, mask_BT, {})
+
+
+def _rloo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT, options) -> AdvantageResult:
+    _options("rloo", options)
+    return _broadcast("rloo", rloo_advantages, rewards_B, group_index_B, mask_BT, {})
+
+
+def _reinforce_pp_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT, options) -> AdvantageResult:
+    o = _options("reinforce_plus_plus", options)
+    _need("reinforce_plus_plus", token_rewards_BT=token_rewards_BT, mask_BT=mask_BT)
+    adv_BT = reinforce_plus_plus_advantages(token_rewards_BT, mask_BT, eps=o["eps"])
+    metrics = {"num_valid_tokens": int(as_bool_mask(mask_BT).sum())}
+    return AdvantageResult(adv_BT, None, None, metrics)
+
+
+def _gae_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT, options) -> AdvantageResult:
+    """GAE, then advantages whitened over the batch's valid tokens (ALGORITHMS.md); returns from the raw A."""
+    o = _options("gae", options)
+    _need("gae", token_rewards_BT=token_rewards_BT, values_BT=values_BT, mask_BT=mask_BT)
+    raw_BT, returns_BT = gae_advantages(token_rewards_BT, values_BT, mask_BT, gamma=o["gamma"], lam=o["lam"])
+    m = as_bool_mask(mask_BT)
+    n = int(m.sum())
+    metrics = {
+        "num_valid_tokens": n,
+        "raw_advantage_mean": float(raw_BT[m].mean()) if n else 0.0,
+        "return_mean": float(returns_BT[m].mean()) if n else 0.0,
+    }
+    return AdvantageResult(whiten(raw_BT, m, eps=o["eps"]), None, returns_BT, metrics)
+
+
+AdvantageEstimator = Callable[..., AdvantageResult]
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    "grpo": _grpo_entry,
+    "dr_grpo": _dr_grpo_entry,
+    "rloo": _rloo_entry,
+    "reinforce_plus_plus": _reinforce_pp_entry,
+    "gae": _gae_entry,
+}
+
+
+
+def get_advantage_estimator(name: str) -> AdvantageEstimator:
+    """Look up `ADVANTAGE_ESTIMATORS[name]`; an unknown name raises ValueError listing the valid ones."""
+    try:
+        return ADVANTAGE_ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGE_ESTIMATORS)}") from None

@@ -1,0 +1,84 @@
+"""Loss aggregation: how per-token terms become the one number that is back-propagated (torch).
+
+Why the normalisers are arguments: with gradient accumulation and data-parallel ranks, one
+optimizer step sees a batch split into micro-batches. Dividing each micro-batch by its *own* token
+or sequence count makes the gradient depend on the split (short micro-batches get up-weighted), a
+trap several frameworks fell into. Here the caller passes the counts of the WHOLE optimizer step
+(all micro-batches, all ranks; `count_valid` gives one micro-batch's share), so that the sum over
+micro-batches of `aggregate_loss(...)` equals the full-batch value and gradient.
+"""
+from __future__ import annotations
+
+import torch
+
+LOSS_AGGREGATIONS: tuple[str, ...] = (
+    "token-mean",  # sum over valid tokens / total_tokens (DAPO)
+    "seq-mean-token-mean",  # mean over each sequence's tokens, then / total_sequences (GRPO)
+    "seq-mean-token-sum",  # sum over each sequence's tokens, then / total_sequences
+    "seq-mean-token-sum-norm",  # sum over each sequence's tokens / max_length, then / total_sequences (Dr.GRPO)
+)
+
+_NEEDS = {
+    "token-mean": ("total_tokens",),
+    "seq-mean-token-mean": ("total_sequences",),
+    "seq-mean-token-sum": ("total_sequences",),
+    "seq-mean-token-sum-norm": ("total_sequences", "max_length"),
+}
+
+
+@torch.no_grad()
+def count_valid(mask_BT: torch.Tensor) -> tuple[int, int]:
+    """(valid tokens, sequences with at least one valid token) of one micro-batch.
+
+    Sum these over the micro-batches (and all-reduce over ranks) of an optimizer step to get the
+    `total_tokens` / `total_sequences` of `aggregate_loss`. A sequence whose mask is empty (e.g. an
+    overlong completion filtered out) is not counted, so it does not dilute the sequence mean.
+    """
+    m = mask_BT.bool()
+    return int(m.sum()), int(m.any(dim=1).sum())
+
+
+def aggregate_loss(
+    loss_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    mode: str,
+    total_tokens: int | float | None,
+    total_sequences: int | float | None,
+    max_length: int | None,
+) -> torch.Tensor:
+    """Reduce a per-token loss to a scalar with step-level normalisers (see module docstring).
+
+    Modes (ALGORITHMS.md, "Loss aggregation"), with m the mask and n_i = sum_t m_{i,t}:
+      token-mean:               sum_{i,t} m L / total_tokens
+      seq-mean-token-mean:      sum_i (sum_t m L / n_i) / total_sequences
+      seq-mean-token-sum:       sum_{i,t} m L / total_sequences
+      seq-mean-token-sum-norm:  sum_{i,t} m L / (max_length * total_sequences)
+    n_i is each sequence's own count (from mask_BT), so sequences are never split across calls.
+    A normaliser a mode does not use may be None; one it uses is required. A count of 0 (an empty
+    step) gives 0, not NaN; padded positions are excluded with torch.where, so NaN there is harmless.
+
+    Shapes: loss_BT [B, T], mask_BT [B, T] bool or 0/1 -> scalar float32 (keeps the graph).
+    """
+    if mode not in _NEEDS:
+        raise ValueError(f"unknown loss aggregation {mode!r}; valid: {list(LOSS_AGGREGATIONS)}")
+    given = {"total_tokens": total_tokens, "total_sequences": total_sequences, "max_length": max_length}
+    for key in _NEEDS[mode]:
+        if given[key] is None or not given[key] >= 0:
+            raise ValueError(f"aggregation mode {mode!r} needs {key} >= 0, got {given[key]!r}")
+    if mask_BT.shape != loss_BT.shape:
+        raise ValueError(f"mask_BT has shape {tuple(mask_BT.shape)}, loss_BT has {tuple(loss_BT.shape)}")
+    m = mask_BT if mask_BT.dtype == torch.bool else mask_BT != 0
+    masked = torch.where(m, loss_BT.float(), 0.0)
+
+    if mode == "token-mean":
+        # the step's token count is 0 only if every mask is empty, and then the sum is 0 too
+        return masked.sum() / max(total_tokens, 1)
+    if mode == "seq-mean-token-mean":
+        per_seq_B = masked.sum(dim=1) / m.sum(dim=1).clamp_min(1)
+        return per_seq_B.sum() / max(total_sequences, 1)
+    if mode == "seq-mean-token-sum":
+        return masked.sum() / max(total_sequences, 1)
+    if max_length == 0:
+        raise ValueError("aggregation mode 'seq-mean-token-sum-norm' needs max_length > 0")
+    return masked.sum() / (max_length * max(total_sequences, 1))

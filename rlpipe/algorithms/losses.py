@@ -1,0 +1,280 @@
+"""Policy, value and entropy terms, per token (torch, float32).
+
+Every policy loss in `POLICY_LOSSES` shares one signature:
+
+    fn(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, eps_high, dual_clip_c)
+        -> (loss_BT, stats)
+
+`loss_BT` [B, T] float32 is the per-token *negative* objective (minimise it), exactly 0 at padding;
+turn it into one number with `aggregation.aggregate_loss`. `stats` holds detached tensors, 0/False
+at padding, with at least `ratio_BT`, `clipped_BT` and `dual_clipped_BT` so that
+`policy_health_metrics` works for every loss.
+
+Numerics: inputs are cast to float32; padded positions are replaced by 0 *before* any arithmetic
+(torch.where), so NaN or huge values in padding cannot reach an output or a gradient. The token
+log-ratio is clamped to [-20, 20] before exp (as for the KL estimators), so a ratio of e^1000 gives
+a finite loss and a finite gradient (zero beyond the clamp).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from rlpipe.algorithms.kl import LOG_RATIO_CLAMP, kl_k3
+
+
+def _mask(mask_BT: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    if mask_BT.shape != shape:
+        raise ValueError(f"mask_BT has shape {tuple(mask_BT.shape)}, expected {tuple(shape)}")
+    return mask_BT if mask_BT.dtype == torch.bool else mask_BT != 0
+
+
+def _valid(x_BT: torch.Tensor, m_BT: torch.Tensor, name: str) -> torch.Tensor:
+    """float32 copy with padding set to 0 (no gradient reaches the padded inputs)."""
+    if x_BT.shape != m_BT.shape:
+        raise ValueError(f"{name} has shape {tuple(x_BT.shape)}, mask_BT has {tuple(m_BT.shape)}")
+    return torch.where(m_BT, x_BT.float(), 0.0)
+
+
+def _check_clip(eps_low: float, eps_high: float, dual_clip_c: float | None) -> None:
+    if not 0.0 <= eps_low < 1.0:
+        raise ValueError(f"eps_low must be in [0, 1), got {eps_low}")
+    if not eps_high >= 0.0:
+        raise ValueError(f"eps_high must be >= 0, got {eps_high}")
+    if dual_clip_c is not None and not dual_clip_c > 1.0:
+        raise ValueError(f"dual_clip_c must be > 1 (or None for off), got {dual_clip_c}")
+
+
+def _clipped_objective(ratio, adv, *, eps_low, eps_high, dual_clip_c):
+    """`J = min(r A, clip(r, 1-eps_low, 1+eps_high) A)`, then `max(J, c A)` where A < 0 (dual clip).
+
+    Returns (J, clipped, dual_clipped); `clipped` marks where the clipped branch was strictly
+    smaller, i.e. where no gradient flows through the ratio.
+    """
+    unclipped = ratio * adv
+    clipped_value = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
+    objective = torch.minimum(unclipped, clipped_value)
+    clipped = clipped_value < unclipped
+    if dual_clip_c is None:
+        return objective, clipped, torch.zeros_like(clipped)
+    floor = dual_clip_c * adv
+    dual_clipped = (adv < 0) & (floor > objective)
+    return torch.where(dual_clipped, floor, objective), clipped, dual_clipped
+
+
+def _per_sequence_mean(x_BT: torch.Tensor, m_BT: torch.Tensor) -> torch.Tensor:
+    """Mean over the valid tokens of each row ([B, T] -> [B]); 0 for a row with none."""
+    count_B = m_BT.sum(dim=1).clamp_min(1)
+    return torch.where(m_BT, x_BT, 0.0).sum(dim=1) / count_B
+
+
+def ppo_clip_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, eps_high, dual_clip_c):
+    """PPO-clip per token, with clip-higher and optional dual clip; returns (-J_BT, stats).
+
+    `J_t = min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t)`, `r_t = pi_theta / pi_old`.
+    eps_high > eps_low is DAPO's clip-higher (keeps low-probability tokens able to grow).
+    `dual_clip_c` (> 1, or None = off): for A_t < 0, `J_t = max(J_t, c A_t)` bounds the loss of
+    a huge ratio on a negative sample. Worked example: log pi_old -2.1, log pi_theta -1.8,
+    eps 0.2, A 0.2 -> r 1.35 clipped to 1.2 -> J 0.24 -> loss -0.24, no gradient.
+
+    Shapes: four [B, T] tensors -> loss_BT [B, T]; stats: ratio_BT, log_ratio_BT, clipped_BT,
+    dual_clipped_BT. Reference: Schulman et al. 2017 (arXiv:1707.06347); Yu et al. 2025, DAPO
+    (arXiv:2503.14476); Ye et al. 2020, dual-clip PPO (arXiv:1912.09729).
+    """
+    _check_clip(eps_low, eps_high, dual_clip_c)
+    m = _mask(mask_BT, logprobs_BT.shape)
+    log_ratio = (_valid(logprobs_BT, m, "logprobs_BT") - _valid(old_logprobs_BT, m, "old_logprobs_BT"))
+    log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    adv = _valid(advantages_BT, m, "advantages_BT")
+    objective, clipped, dual_clipped = _clipped_objective(
+        ratio, adv, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c
+    )
+    loss_BT = torch.where(m, -objective, 0.0)
+    stats = {
+        "ratio_BT": torch.where(m, ratio, 0.0).detach(),
+        "log_ratio_BT": log_ratio.detach(),
+        "clipped_BT": clipped & m,
+        "dual_clipped_BT": dual_clipped & m,
+    }
+    return loss_BT, stats
+
+
+def _sequence_log_ratio(logprobs_BT, old_logprobs_BT, m):
+    """Mean token log-ratio of each sequence, clamped: log s_i ([B])."""
+    log_ratio = _valid(logprobs_BT, m, "logprobs_BT") - _valid(old_logprobs_BT, m, "old_logprobs_BT")
+    return _per_sequence_mean(log_ratio, m).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def gspo_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, eps_high, dual_clip_c):
+    """GSPO: one clipped term per sequence, with the geometric-mean ratio `s_i`.
+
+    `s_i = exp(mean_t l_{i,t})` over valid tokens; `A_i` = mean of advantages_BT over the valid
+    tokens (equal to the broadcast sequence advantage of GRPO-style estimators);
+    `J_i = min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)` (dual clip as in PPO if set).
+    `-J_i` is written on every valid token of sequence i, so `aggregate_loss(...,
+    mode="seq-mean-token-mean")` gives exactly GSPO's `-(1/G) sum_i J_i`; other modes weight
+    sequences by their length. The published clip ranges are tiny (about 3e-4 / 4e-4).
+
+    Shapes: four [B, T] tensors -> loss_BT [B, T]; stats: ratio_BT (s_i broadcast), seq_ratio_B,
+    clipped_BT, seq_clipped_B, dual_clipped_BT. Reference: Zheng et al. 2025, GSPO (arXiv:2507.18071).
+    """
+    _check_clip(eps_low, eps_high, dual_clip_c)
+    m = _mask(mask_BT, logprobs_BT.shape)
+    seq_ratio_B = torch.exp(_sequence_log_ratio(logprobs_BT, old_logprobs_BT, m))
+    seq_adv_B = _per_sequence_mean(_valid(advantages_BT, m, "advantages_BT"), m)
+    objective_B, clipped_B, dual_B = _clipped_objective(
+        seq_ratio_B, seq_adv_B, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c
+    )
+    loss_BT = torch.where(m, -objective_B[:, None], 0.0)
+    stats = {
+        "ratio_BT": torch.where(m, seq_ratio_B[:, None], 0.0).detach(),
+        "seq_ratio_B": seq_ratio_B.detach(),
+        "clipped_BT": clipped_B[:, None] & m,
+        "seq_clipped_B": clipped_B,
+        "dual_clipped_BT": dual_B[:, None] & m,
+    }
+    return loss_BT, stats
+
+
+def gspo_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, eps_high, dual_clip_c):
+    """GSPO-token: `s_{i,t} = sg[s_i] * pi_theta(o_t) / sg[pi_theta(o_t)]`, clipped per token.
+
+    Numerically `s_{i,t} = s_i`, so the clip decision is the sequence's, but each token carries its
+    own advantage `A_{i,t}` and gradient `s_i * grad log pi_theta(o_t)`. With `A_{i,t} = A_i` and
+    mode "seq-mean-token-mean" the gradient is exactly GSPO's:
+    `(1/|o_i|) sum_t s_i A_i grad log pi(o_t) = grad (s_i A_i)` (tested with autograd).
+
+    Shapes: four [B, T] tensors -> loss_BT [B, T]; stats as `gspo_loss`.
+    Reference: Zheng et al. 2025, GSPO (arXiv:2507.18071), section 4.3.
+    """
+    _check_clip(eps_low, eps_high, dual_clip_c)
+    m = _mask(mask_BT, logprobs_BT.shape)
+    seq_ratio_B = torch.exp(_sequence_log_ratio(logprobs_BT, old_logprobs_BT, m)).detach()
+    logprobs = _valid(logprobs_BT, m, "logprobs_BT")
+    token_ratio = seq_ratio_B[:, None] * torch.exp(logprobs - logprobs.detach())
+    adv = _valid(advantages_BT, m, "advantages_BT")
+    objective, clipped, dual_clipped = _clipped_objective(
+        token_ratio, adv, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c
+    )
+    loss_BT = torch.where(m, -objective, 0.0)
+    stats = {
+        "ratio_BT": torch.where(m, seq_ratio_B[:, None], 0.0),
+        "seq_ratio_B": seq_ratio_B,
+        "clipped_BT": clipped & m,
+        "seq_clipped_B": (clipped & m).any(dim=1),
+        "dual_clipped_BT": dual_clipped & m,
+    }
+    return loss_BT, stats
+
+
+PolicyLoss = Callable[..., tuple[torch.Tensor, dict]]
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {
+    "ppo_clip": ppo_clip_loss,
+    "gspo": gspo_loss,
+    "gspo_token": gspo_token_loss,
+}
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    """Look up `POLICY_LOSSES[name]`; an unknown name raises ValueError listing the valid ones."""
+    try:
+        return POLICY_LOSSES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy loss {name!r}; valid: {sorted(POLICY_LOSSES)}") from None
+
+
+def entropy_from_logits(logits_NV: torch.Tensor) -> torch.Tensor:
+    """Entropy `H = -sum_a pi(a) log pi(a)` of softmax(logits) at each position, float32.
+
+    Why this form: `log_softmax` is stable for large logits, and terms with pi(a) = 0 (logits of
+    -inf after top-k/top-p masking) are dropped *before* the product, so neither the value nor
+    the gradient sees `0 * -inf`. Pass logits already divided by the sampling temperature.
+    Shapes: [N, V] (or [..., V]) -> [N] (or [...]). The entropy bonus is `+ c_H * mean H`.
+    """
+    logp = torch.log_softmax(logits_NV.float(), dim=-1)
+    p = torch.exp(logp)
+    return -(p * torch.where(p > 0, logp, 0.0)).sum(dim=-1)
+
+
+def value_loss(values_BT, old_values_BT, returns_BT, mask_BT, *, clip_eps):
+    """Clipped critic loss `0.5 * max((V - R)^2, (V_clip - R)^2)`, `V_clip = V_old + clip(V - V_old, +-eps)`.
+
+    Why the max: like the policy clip, it stops one update from moving V far from the values that
+    produced the advantages. `clip_eps=None` turns clipping off (plain `0.5 (V - R)^2`).
+    Shapes: four [B, T] tensors -> loss_BT [B, T] float32, 0 at padding. Reference: the PPO
+    implementation of Schulman et al. 2017; Ouyang et al. 2022.
+    """
+    m = _mask(mask_BT, values_BT.shape)
+    v = _valid(values_BT, m, "values_BT")
+    ret = _valid(returns_BT, m, "returns_BT")
+    loss = (v - ret) ** 2
+    if clip_eps is not None:
+        if not clip_eps >= 0:
+            raise ValueError(f"clip_eps must be >= 0 (or None for off), got {clip_eps}")
+        old = _valid(old_values_BT, m, "old_values_BT")
+        v_clip = old + (v - old).clamp(-clip_eps, clip_eps)
+        loss = torch.maximum(loss, (v_clip - ret) ** 2)
+    return torch.where(m, 0.5 * loss, 0.0)
+
+
+@torch.no_grad()
+def off_policy_sequence_mask(sampler_logprobs_BT, logprobs_BT, sequence_advantages_B, mask_BT, *, delta):
+    """Which sequences to keep under DeepSeek-V3.2's off-policy sequence masking (keep_B bool).
+
+    Drop sequence i when `A_i < 0` and `mean_t (log pi_sampler - log pi_theta) > delta`: negative
+    samples that have drifted too far off-policy hurt more than they teach. Positive samples and
+    sequences without valid tokens are always kept. No gradient.
+    Shapes: [B, T], [B, T], [B], [B, T] -> [B] bool. Reference: DeepSeek-V3.2 technical report (2025).
+    """
+    m = _mask(mask_BT, logprobs_BT.shape)
+    drift = _valid(sampler_logprobs_BT, m, "sampler_logprobs_BT") - _valid(logprobs_BT, m, "logprobs_BT")
+    drift_B = _per_sequence_mean(drift, m)
+    return ~((sequence_advantages_B.float() < 0) & (drift_B > delta))
+
+
+@torch.no_grad()
+def truncated_importance_weights(old_logprobs_BT, sampler_logprobs_BT, mask_BT, *, cap):
+    """Token weights `min(pi_old / pi_sampler, C)` correcting the sampler/trainer mismatch (detached).
+
+    Why: the sampler (vLLM) and the trainer give different numbers for the same weights; the
+    rollouts come from pi_sampler, so the loss is re-weighted towards pi_old, truncated at C
+    (~2) to bound the variance. Multiply the per-token loss by these weights.
+    Shapes: [B, T] x3 -> weights_BT [B, T] float32, 0 at padding.
+    Reference: Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training".
+    """
+    if not cap > 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    m = _mask(mask_BT, old_logprobs_BT.shape)
+    log_w = _valid(old_logprobs_BT, m, "old_logprobs_BT") - _valid(sampler_logprobs_BT, m, "sampler_logprobs_BT")
+    w = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).clamp_max(cap)
+    return torch.where(m, w, 0.0)
+
+
+@torch.no_grad()
+def policy_health_metrics(logprobs_BT, old_logprobs_BT, mask_BT, stats) -> dict[str, float]:
+    """Health signals over the valid tokens of one (micro-)batch, as python floats.
+
+    approx_kl: mean of `r - 1 - log r` with `r = pi_theta / pi_old`, i.e. k3 estimating
+    KL(pi_old || pi_theta) from pi_old's samples; clip_fraction (healthy ~0.1-0.3),
+    dual_clip_fraction, ratio_mean/min/max (from `stats["ratio_BT"]`), num_valid_tokens (to
+    combine micro-batches as a token-weighted mean). An empty mask gives 0s, not NaN.
+    """
+    m = _mask(mask_BT, logprobs_BT.shape)
+    n = int(m.sum())
+    if n == 0:
+        keys = ("approx_kl", "clip_fraction", "dual_clip_fraction", "ratio_mean", "ratio_min", "ratio_max")
+        return {**{k: 0.0 for k in keys}, "num_valid_tokens": 0}
+    k3 = kl_k3(_valid(old_logprobs_BT, m, "old_logprobs_BT"), _valid(logprobs_BT, m, "logprobs_BT"))
+    ratio = stats["ratio_BT"][m]
+    return {
+        "approx_kl": float(k3[m].mean()),
+        "clip_fraction": float(stats["clipped_BT"][m].float().mean()),
+        "dual_clip_fraction": float(stats["dual_clipped_BT"][m].float().mean()),
+        "ratio_mean": float(ratio.mean()),
+        "ratio_min": float(ratio.min()),
+        "ratio_max": float(ratio.max()),
+        "num_valid_tokens": n,
+    }

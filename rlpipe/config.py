@@ -1,0 +1,295 @@
+"""params.yaml as frozen dataclasses, loaded strictly.
+
+Why strict: a typo in a hyperparameter name that is silently ignored costs a whole training run.
+Unknown, missing and mistyped keys fail before any work starts, naming file, section and key.
+Choices are string names checked against the valid set (``Literal``), never int codes.
+Each section mirrors one stage (``reference_logprob`` / ``ReferenceLogprobConfig``); values shared
+by several stages live in exactly one place (the sampling temperature in ``generate``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from rlpipe.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    path: str  # HF model directory of pi_old: the sampler of this iteration and the trainer's start
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    path: str  # HF model directory of pi_ref, the KL anchor
+    version: int  # iteration whose policy the reference is (0 = the initial model)
+    refresh_every: int  # K: pi_ref <- pi_theta every K iterations; 0 = never (DeepSeekMath iterative GRPO)
+
+
+@dataclass(frozen=True)
+class PathsConfig:
+    model_dir: str
+    train_prompts: str
+    eval_prompts: str
+    rollouts: str
+    scores: str
+    ref_logprobs: str
+    advantages: str
+    checkpoint: str
+    token_stats: str
+    eval_rollouts: str
+    metrics_dir: str
+    plots_dir: str
+    history: str
+
+
+@dataclass(frozen=True)
+class TinyTaskConfig:
+    """The embedded default: a synthetic arithmetic task and a tiny Llama built from a seed."""
+    num_train: int
+    num_eval: int
+    num_digits: int  # operands drawn from 0 .. 10**num_digits - 1
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    warmstart_steps: int
+    warmstart_batch_size: int
+    warmstart_lr: float
+
+
+@dataclass(frozen=True)
+class PromptFilesConfig:
+    """A user's own prompts: Parquet or JSONL files with a prompt column and an optional answer column."""
+    train: str
+    eval: str
+    tokenizer_path: str  # usually the same directory as policy.path
+    prompt_column: str
+    answer_column: str | None
+    chat_template: Literal["auto", "on", "off"]
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    source: Literal["tiny", "files"]
+    max_prompt_tokens: int
+    tiny: TinyTaskConfig
+    files: PromptFilesConfig
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    engine: Literal["hf"]
+    prompts_per_iteration: int  # 0 = all train prompts every iteration
+    group_size: int  # G samples per prompt
+    temperature: float  # also used by every log-prob computation of this iteration
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    batch_size: int
+    device: str
+    dtype: Literal["float32", "bfloat16", "float16"]
+
+
+@dataclass(frozen=True)
+class RewardEntry:
+    name: str  # registry name or "package.module:function"
+    weight: float
+    options: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    rewards: tuple[RewardEntry, ...]
+    accuracy_reward: str  # component whose value 1.0 means "correct" (for accuracy metrics)
+    fallback_reward: float  # reward of a row whose reward function raised
+    max_error_fraction: float  # the stage fails if more rows than this errored
+
+
+@dataclass(frozen=True)
+class ReferenceLogprobConfig:
+    device: str
+    dtype: Literal["float32", "bfloat16", "float16"]
+    max_tokens_per_batch: int
+    chunk_size: int  # positions per LM-head chunk: bounds the [chunk, vocab] float32 buffer
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    estimator: Literal["grpo", "dr_grpo", "rloo"]
+    std_mode: Literal["sample", "population"]
+    eps: float
+    drop_zero_variance_groups: bool  # DAPO dynamic sampling: groups with equal rewards carry no signal
+    drop_truncated: bool  # DAPO overlong filtering: mask completions that hit max_new_tokens
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    policy_loss: Literal["ppo_clip", "gspo", "gspo_token"]
+    eps_low: float
+    eps_high: float
+    dual_clip_c: float | None
+    kl_beta: float  # 0 turns the KL-in-loss term off
+    kl_estimator: Literal["k1", "k2", "k3"]
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+    epochs: int  # mu: passes over the iteration's rollouts
+    minibatch_size: int  # sequences per optimizer step
+    micro_batch_size: int  # sequences per forward/backward (gradient accumulation)
+    lr: float
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    max_grad_norm: float
+    entropy_coef: float
+    device: str
+    dtype: Literal["float32", "bfloat16"]
+    chunk_size: int
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    max_new_tokens: int
+    batch_size: int
+    device: str
+    dtype: Literal["float32", "bfloat16", "float16"]
+
+
+@dataclass(frozen=True)
+class Params:
+    seed: int
+    iteration: int  # written by `rlpipe iterate`; also the version of the policy that samples
+    torch_threads: int
+    policy: PolicyConfig
+    reference: ReferenceConfig
+    paths: PathsConfig
+    prepare: PrepareConfig
+    generate: GenerateConfig
+    score: ScoreConfig
+    reference_logprob: ReferenceLogprobConfig
+    advantage: AdvantageConfig
+    train: TrainConfig
+    evaluate: EvaluateConfig
+
+
+# ----------------------------------------------------------------------------------------------
+# Strict loader
+# ----------------------------------------------------------------------------------------------
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {_type_name(tp)}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(choices)}")
+        return value
+    if origin is tuple:
+        (item_tp, _ellipsis) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
+        return tuple(_convert(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value))
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where)
+    if tp is dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config type {tp!r} at {where}")
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of keys, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(fields)}")
+    kwargs = {}
+    for name, f in fields.items():
+        key = f"{where}.{name}" if where else name
+        if name not in data:
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+                continue
+            raise ConfigError(f"{key}: missing required key")
+        kwargs[name] = _convert(data[name], hints[name], key)
+    return cls(**kwargs)
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Load and check the whole params file; errors name the file and the dotted key."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: params file not found")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    try:
+        params = _build(Params, data, "")
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None
+    _check_consistency(params, p)
+    return params
+
+
+def _check_consistency(params: Params, path: Path) -> None:
+    """Cross-key rules that a single type cannot express."""
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ConfigError(f"{path}: {msg}")
+
+    g, t = params.generate, params.train
+    need(g.group_size >= 1, "generate.group_size must be >= 1")
+    need(g.temperature > 0, "generate.temperature must be > 0 (log-probs are taken from logits / temperature)")
+    need(0 < g.top_p <= 1, "generate.top_p must be in (0, 1]")
+    need(g.max_new_tokens >= 1, "generate.max_new_tokens must be >= 1")
+    need(t.micro_batch_size >= 1 and t.minibatch_size >= t.micro_batch_size,
+         "train.minibatch_size must be >= train.micro_batch_size >= 1")
+    need(t.epochs >= 1, "train.epochs must be >= 1")
+    need(t.eps_low >= 0 and t.eps_high >= 0, "train.eps_low and train.eps_high must be >= 0")
+    need(t.dual_clip_c is None or t.dual_clip_c > 1, "train.dual_clip_c must be > 1 or null")
+    need(0 <= params.score.max_error_fraction <= 1, "score.max_error_fraction must be in [0, 1]")
+    need(len(params.score.rewards) >= 1, "score.rewards must name at least one reward function")
+    need(params.reference.refresh_every >= 0, "reference.refresh_every must be >= 0")

@@ -1,0 +1,44 @@
+"""Generation and log-prob engines behind one signature.
+
+`rlpipe.engines.base` (types, `derive_seed`) imports no torch. The torch-based parts are loaded on
+first use, so `from rlpipe.engines import HFEngine` works without slowing down light imports:
+    HFEngine                      rlpipe.engines.hf
+    TokenBatch, make_token_batch, completion_logprobs, batched_completion_logprobs, unpad
+                                  rlpipe.engines.logprobs
+"""
+from importlib import import_module
+
+from rlpipe.engines.base import (
+    Completion,
+    GenerationEngine,
+    PromptRequest,
+    SamplingParams,
+    derive_seed,
+    eval_mode,
+)
+
+_LAZY = {
+    "HFEngine": "rlpipe.engines.hf",
+    "load_causal_lm": "rlpipe.engines.hf",
+    "TokenBatch": "rlpipe.engines.logprobs",
+    "make_token_batch": "rlpipe.engines.logprobs",
+    "completion_logprobs": "rlpipe.engines.logprobs",
+    "batched_completion_logprobs": "rlpipe.engines.logprobs",
+    "unpad": "rlpipe.engines.logprobs",
+}
+
+__all__ = [
+    "Completion",
+    "GenerationEngine",
+    "PromptRequest",
+    "SamplingParams",
+    "derive_seed",
+    "eval_mode",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'rlpipe.engines' has no attribute {name!r}")

@@ -1,0 +1,284 @@
+"""Read, write and join artifacts: validated against ``rlpipe.schema``, atomic, byte-deterministic.
+
+Why so strict: stages run as separate processes, possibly on separate machines, and a silent
+column mix-up (a list one token short, a duplicated key) corrupts training without an error.
+Every write and every read checks the contract and names the file and column at fault.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rlpipe.errors import ArtifactError
+from rlpipe.schema import METADATA_KEY, SCHEMA_VERSION, ArtifactSchema
+
+PARQUET_COMPRESSION = "zstd"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A validated table plus the rlpipe metadata stored in its Parquet footer."""
+
+    frame: pl.DataFrame
+    metadata: dict[str, Any]
+    path: Path
+
+
+# ----------------------------------------------------------------------------------------------
+# Atomic file system helpers
+# ----------------------------------------------------------------------------------------------
+
+def _temp_sibling(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path beside ``path``; on success rename it into place, on failure remove it.
+
+    Works for files and directories (a checkpoint). The rename is atomic on one file system, so a
+    stage killed at any point leaves either the old complete output, or nothing, never a half file.
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_sibling(final)
+    _remove(tmp)
+    try:
+        yield tmp
+        if tmp.is_file():
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+        if final.is_dir() and not final.is_symlink():
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, final)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def write_json(path: str | os.PathLike, data: Any) -> None:
+    """Write JSON atomically with sorted keys, so equal data gives equal bytes."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    p = Path(path)
+    if not p.is_file():
+        raise ArtifactError(f"{p}: file not found")
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ArtifactError(f"{p}: not valid JSON ({e})") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------
+
+def _kind(dtype: pl.DataType) -> str:
+    if dtype.is_integer():
+        return "int"
+    if dtype.is_float():
+        return "float"
+    if isinstance(dtype, pl.List):
+        return "list[" + _kind(dtype.inner) + "]"
+    return str(dtype)
+
+
+def _conform(df: pl.DataFrame, schema: ArtifactSchema, source: str, *, allow_cast: bool) -> pl.DataFrame:
+    """Check columns and dtypes; return the frame in canonical column order and dtypes.
+
+    On write, numeric widths are cast to the schema (a producer may hand Int64 where Int32 is
+    stored) but never across kinds (float into int). On read, dtypes must match exactly.
+    """
+    missing = [c for c in schema.column_names if c not in df.columns]
+    if missing:
+        raise ArtifactError(f"{source}: missing column(s) {missing} required by the {schema.name!r} schema")
+    extra = [c for c in df.columns if c not in schema.column_by_name and not schema.is_dynamic(c)]
+    if extra:
+        allowed = f" (or columns starting with {schema.dynamic_prefix!r})" if schema.dynamic_prefix else ""
+        raise ArtifactError(
+            f"{source}: unexpected column(s) {extra}; the {schema.name!r} schema has {schema.column_names}{allowed}")
+    dynamic = [c for c in df.columns if c not in schema.column_by_name]
+    expected = schema.polars_schema(dynamic)
+    exprs = []
+    for name, want in expected.items():
+        have = df.schema[name]
+        if have != want:
+            same_kind = _kind(have) == _kind(want) or have == pl.Null
+            if not (allow_cast and same_kind):
+                raise ArtifactError(f"{source}: column {name!r} has dtype {have}, expected {want}")
+        exprs.append(pl.col(name).cast(want))
+    out = df.select(exprs)
+    for col in schema.columns:
+        if not col.nullable:
+            nulls = out[col.name].null_count()
+            if nulls:
+                raise ArtifactError(f"{source}: column {col.name!r} has {nulls} null value(s) but may not be null")
+    _check_unique_keys(out, schema.keys, source)
+    _check_per_token_lengths(out, schema, source)
+    return out
+
+
+def _check_unique_keys(df: pl.DataFrame, keys: tuple[str, ...], source: str) -> None:
+    dup = df.group_by(list(keys)).len().filter(pl.col("len") > 1)
+    if dup.height:
+        example = dup.sort(list(keys)).row(0, named=True)
+        example.pop("len")
+        raise ArtifactError(f"{source}: {dup.height} duplicate key(s) on {list(keys)}, e.g. {example}")
+
+
+def _check_per_token_lengths(df: pl.DataFrame, schema: ArtifactSchema, source: str) -> None:
+    """Every per-token list must have one entry per completion token."""
+    cols = [c for c in schema.per_token_columns if c in df.columns]
+    if "completion_length" in df.columns:
+        reference = "completion_length"
+        ref_len = pl.col("completion_length")
+        if "completion_token_ids" in df.columns:
+            cols = ["completion_token_ids", *cols]
+    elif cols:
+        reference = cols[0]
+        ref_len = pl.col(cols[0]).list.len()
+        cols = cols[1:]
+    else:
+        return
+    for c in cols:
+        bad = df.filter(pl.col(c).is_not_null() & (pl.col(c).list.len() != ref_len))
+        if bad.height:
+            row = bad.row(0, named=True)
+            key = {k: row[k] for k in schema.keys}
+            raise ArtifactError(
+                f"{source}: column {c!r} has {len(row[c])} entries but {reference!r} says "
+                f"{row[reference] if reference == 'completion_length' else len(row[reference])} "
+                f"at key {key} ({bad.height} row(s) affected)")
+
+
+def validate_frame(df: pl.DataFrame, schema: ArtifactSchema, *, source: str = "<frame>") -> pl.DataFrame:
+    """Validate a frame as it would be read (exact dtypes); return it in canonical order."""
+    return _conform(df, schema, source, allow_cast=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# Read / write
+# ----------------------------------------------------------------------------------------------
+
+def write_artifact(df: pl.DataFrame, path: str | os.PathLike, schema: ArtifactSchema,
+                   *, metadata: dict[str, Any] | None = None) -> Path:
+    """Validate ``df``, sort it by the keys and write it atomically as Parquet.
+
+    The bytes depend only on the data and ``metadata`` (sorted JSON in the footer), never on time,
+    host or row order, so the same inputs and params give byte-identical files.
+    """
+    path = Path(path)
+    out = _conform(df, schema, f"{path} (being written)", allow_cast=True).sort(list(schema.keys))
+    meta = {"artifact": schema.name, "schema_version": SCHEMA_VERSION, **(metadata or {})}
+    table = out.to_arrow(compat_level=pl.CompatLevel.oldest())
+    table = table.replace_schema_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression=PARQUET_COMPRESSION)
+    return path
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """The rlpipe footer metadata of a Parquet file, without reading its rows."""
+    p = Path(path)
+    if not p.is_file():
+        raise ArtifactError(f"{p}: file not found")
+    try:
+        arrow_schema = pq.read_schema(p)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ArtifactError(f"{p}: not a readable Parquet file (truncated or corrupt?): {e}") from None
+    raw = (arrow_schema.metadata or {}).get(METADATA_KEY.encode())
+    if raw is None:
+        raise ArtifactError(f"{p}: no rlpipe metadata in the Parquet footer; was it written by rlpipe?")
+    return json.loads(raw)
+
+
+def read_artifact(path: str | os.PathLike, schema: ArtifactSchema) -> Artifact:
+    """Read and validate an artifact; refuse another artifact kind or schema version."""
+    p = Path(path)
+    meta = read_metadata(p)
+    if meta.get("artifact") != schema.name:
+        raise ArtifactError(f"{p}: holds artifact {meta.get('artifact')!r}, expected {schema.name!r}")
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise ArtifactError(
+            f"{p}: schema version {meta.get('schema_version')} but this rlpipe reads version {SCHEMA_VERSION}; "
+            "re-run the stage that produced it")
+    try:
+        frame = pl.from_arrow(pq.read_table(p))
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ArtifactError(f"{p}: not a readable Parquet file (truncated or corrupt?): {e}") from None
+    return Artifact(frame=_conform(frame, schema, str(p), allow_cast=False), metadata=meta, path=p)
+
+
+def read_table_file(path: str | os.PathLike) -> pl.DataFrame:
+    """Read a user's Parquet or JSONL file (prompt files), with a clear error if unreadable."""
+    p = Path(path)
+    if not p.is_file():
+        raise ArtifactError(f"{p}: file not found")
+    try:
+        if p.suffix == ".parquet":
+            return pl.read_parquet(p)
+        if p.suffix in (".jsonl", ".ndjson"):
+            return pl.read_ndjson(p)
+    except Exception as e:  # polars raises several types for malformed files
+        raise ArtifactError(f"{p}: could not be read: {e}") from None
+    raise ArtifactError(f"{p}: unsupported file type {p.suffix!r}; use .parquet or .jsonl")
+
+
+# ----------------------------------------------------------------------------------------------
+# Joins across artifacts
+# ----------------------------------------------------------------------------------------------
+
+def join_on_keys(left: Artifact, right: Artifact, *, keys: tuple[str, ...] = ("prompt_id", "sample_idx"),
+                 columns: list[str] | None = None) -> pl.DataFrame:
+    """Inner-join two artifacts on their keys; fail loudly if their key sets differ.
+
+    ``columns`` picks the right-hand columns to bring in (default: all non-key columns).
+    Per-token columns of the right side are checked against ``completion_length`` of the left.
+    """
+    rcols = columns if columns is not None else [c for c in right.frame.columns if c not in keys]
+    lk = left.frame.select(keys)
+    rk = right.frame.select(keys)
+    only_left = lk.join(rk, on=list(keys), how="anti")
+    only_right = rk.join(lk, on=list(keys), how="anti")
+    if only_left.height or only_right.height:
+        parts = []
+        if only_left.height:
+            parts.append(f"{only_left.height} key(s) only in {left.path}, e.g. {only_left.row(0, named=True)}")
+        if only_right.height:
+            parts.append(f"{only_right.height} key(s) only in {right.path}, e.g. {only_right.row(0, named=True)}")
+        raise ArtifactError("keys do not match across artifacts: " + "; ".join(parts))
+    joined = left.frame.join(right.frame.select([*keys, *rcols]), on=list(keys), how="inner")
+    if "completion_length" in joined.columns:
+        for c in rcols:
+            if isinstance(joined.schema[c], pl.List):
+                bad = joined.filter(pl.col(c).is_not_null() & (pl.col(c).list.len() != pl.col("completion_length")))
+                if bad.height:
+                    row = bad.row(0, named=True)
+                    raise ArtifactError(
+                        f"{right.path}: column {c!r} has {len(row[c])} entries but the rollout has "
+                        f"{row['completion_length']} completion tokens at key "
+                        f"{ {k: row[k] for k in keys} } ({bad.height} row(s) affected)")
+    return joined.sort(list(keys))

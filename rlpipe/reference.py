@@ -1,0 +1,39 @@
+"""The reference_logprob stage's logic: per-token log-probs of each completion under pi_ref."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from rlpipe.config import ReferenceLogprobConfig
+from rlpipe.engines.logprobs import batched_completion_logprobs
+
+
+def reference_logprobs(model: Any, rollouts: pl.DataFrame, cfg: ReferenceLogprobConfig, *, temperature: float,
+                       pad_token_id: int, reference_version: int) -> pl.DataFrame:
+    """Score every completion token under ``model`` from logits / temperature (the sampling temperature).
+
+    Batches are cut by a token budget and the LM head runs in chunks of positions, so no float32
+    [batch, seq, vocab] tensor ever exists for the whole batch.
+    """
+    logprobs, _ = batched_completion_logprobs(
+        model, rollouts["prompt_token_ids"].to_list(), rollouts["completion_token_ids"].to_list(),
+        pad_token_id=pad_token_id, temperature=temperature, max_tokens_per_batch=cfg.max_tokens_per_batch,
+        chunk_size=cfg.chunk_size, with_entropy=False, device=cfg.device)
+    return rollouts.select("prompt_id", "sample_idx").with_columns(
+        pl.lit(reference_version, dtype=pl.Int64).alias("reference_version"),
+        pl.Series("ref_logprobs", [np.asarray(x, dtype=np.float32) for x in logprobs], dtype=pl.List(pl.Float32)),
+    )
+
+
+def reference_metrics(ref: pl.DataFrame, rollouts: pl.DataFrame) -> dict[str, float]:
+    """Mean ref log-prob and the sampler-vs-reference gap (a KL(pi_old || pi_ref) estimate, k1)."""
+    ref_flat = ref["ref_logprobs"].explode()
+    sampler_flat = rollouts["sampler_logprobs"].explode()
+    return {
+        "num_samples": ref.height,
+        "tokens": int(ref_flat.len()),
+        "ref_logprob_mean": float(ref_flat.mean()),
+        "kl_sampler_ref_k1": float((sampler_flat - ref_flat).mean()),
+    }

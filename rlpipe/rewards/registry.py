@@ -1,0 +1,234 @@
+"""Turn the ``rewards:`` entries of params.yaml into checked callables, and score one sample.
+
+A reward is named either by a key of `REWARD_FUNCTIONS` or as ``"package.module:function"``, a
+function importable from the score stage's environment. Everything that can be wrong with the
+configuration (an unknown name, a misspelt option, two rewards writing the same column) is
+reported by `prepare_rewards` before the first row is scored; `score_sample` then only has to
+cope with what a reward returns for a particular row.
+
+This module imports no torch: the score stage must start fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import numbers
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from rlpipe.rewards.functions import REWARD_FUNCTIONS, Sample
+
+__all__ = [
+    "RewardSpec",
+    "resolve_reward",
+    "check_reward_options",
+    "component_column",
+    "component_columns",
+    "prepare_rewards",
+    "score_sample",
+]
+
+COLUMN_PREFIX = "reward_"
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """One weighted component of the total reward, as written in params.yaml."""
+
+    name: str  # a REWARD_FUNCTIONS key, or "package.module:function"
+    weight: float  # multiplies the component in the total; may be negative or 0 (logged only)
+    options: dict  # keyword options passed to the function, all of them written out
+
+
+def _valid_names() -> str:
+    return ", ".join(sorted(REWARD_FUNCTIONS)) + ", or 'package.module:function'"
+
+
+def resolve_reward(name: str) -> Callable[..., float]:
+    """The function a reward name stands for: a registry key, or an importable "module:function".
+
+    >>> resolve_reward("exact_answer").__name__
+    'exact_answer'
+    >>> resolve_reward("math:floor").__name__
+    'floor'
+    """
+    if ":" not in name:
+        if name not in REWARD_FUNCTIONS:
+            raise ValueError(f"unknown reward {name!r}; valid names: {_valid_names()}")
+        return REWARD_FUNCTIONS[name]
+    module_name, _, attribute = name.partition(":")
+    if not module_name or not attribute or ":" in attribute:
+        raise ValueError(
+            f"reward {name!r} is not of the form 'package.module:function'; valid names: {_valid_names()}"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:  # includes a dependency missing inside the user's module
+        raise ValueError(f"reward {name!r}: cannot import module {module_name!r}: {exc}") from exc
+    obj = module
+    for part in attribute.split("."):  # "module:Class.method" works too
+        if not hasattr(obj, part):
+            raise ValueError(f"reward {name!r}: module {module_name!r} has no attribute {attribute!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(
+            f"reward {name!r}: {attribute!r} in module {module_name!r} is a "
+            f"{type(obj).__name__}, not callable"
+        )
+    return obj
+
+
+def check_reward_options(fn: Callable[..., float], options: Mapping[str, object], name: str) -> None:
+    """Raise unless ``fn(sample, **options)`` binds: every option known, every required one given.
+
+    The first parameter receives the sample; every other parameter is an option. A function with
+    ``**kwargs`` accepts any option name, but its named parameters without defaults are still required.
+    """
+    if not isinstance(options, Mapping):
+        raise TypeError(f"reward {name!r}: options must be a mapping, got {type(options).__name__}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"reward {name!r}: cannot read the signature of {fn!r}: {exc}") from exc
+    parameters = list(signature.parameters.values())
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if not parameters or parameters[0].kind not in positional:
+        raise TypeError(
+            f"reward {name!r}: the function must take the sample as its first positional parameter, "
+            f"its signature is {signature}"
+        )
+    sample_param, option_params = parameters[0], parameters[1:]
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in option_params)
+    named = {
+        p.name: p
+        for p in option_params
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
+    unknown = [key for key in options if key not in named and (not accepts_any or key == sample_param.name)]
+    if unknown:
+        valid = ", ".join(sorted(named)) or "(none)"
+        raise ValueError(f"reward {name!r} has no option {unknown[0]!r}; its options are: {valid}")
+    missing = [
+        key for key, p in named.items() if p.default is inspect.Parameter.empty and key not in options
+    ]
+    if missing:
+        raise ValueError(
+            f"reward {name!r} is missing required option(s): {', '.join(missing)} "
+            "(write every option out in params.yaml)"
+        )
+    unreachable = [
+        p.name
+        for p in option_params
+        if p.kind is inspect.Parameter.POSITIONAL_ONLY and p.default is inspect.Parameter.empty
+    ]
+    if unreachable:
+        raise TypeError(
+            f"reward {name!r}: required positional-only parameter(s) {', '.join(unreachable)} "
+            "cannot be given as options"
+        )
+
+
+def component_column(spec_name: str) -> str:
+    """The Parquet column of one reward component: ``reward_`` + the function name, in [a-z0-9_].
+
+    >>> component_column("exact_answer")
+    'reward_exact_answer'
+    >>> component_column("my_pkg.rewards:Unit-Tests")
+    'reward_unit_tests'
+    """
+    function_name = spec_name.rpartition(":")[2].rpartition(".")[2]
+    cleaned = re.sub(r"[^a-z0-9_]+", "_", function_name.lower()).strip("_")
+    if not cleaned:
+        raise ValueError(f"reward {spec_name!r} gives no usable column name (need letters or digits)")
+    return COLUMN_PREFIX + cleaned
+
+
+def component_columns(specs: Sequence[RewardSpec]) -> dict[str, str]:
+    """Column name per spec name; raises if two specs would write the same column."""
+    columns: dict[str, str] = {}
+    for spec in specs:
+        column = component_column(spec.name)
+        for other_name, other_column in columns.items():
+            if other_column == column:
+                raise ValueError(
+                    f"rewards {other_name!r} and {spec.name!r} both map to column {column!r}; "
+                    "each reward may appear once (wrap a second configuration in a function of its own)"
+                )
+        columns[spec.name] = column
+    return columns
+
+
+def _check_weight(spec: RewardSpec) -> None:
+    weight = spec.weight
+    if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
+        raise ValueError(f"reward {spec.name!r}: weight must be a finite number, got {weight!r}")
+
+
+def prepare_rewards(specs: Sequence[RewardSpec]) -> dict[str, Callable[..., float]]:
+    """Resolve and check every spec up front; returns the functions keyed by spec name.
+
+    Raises on an empty list, a bad weight, an unknown name or option, or a column clash, so that a
+    typo in params.yaml fails before any row is scored.
+    """
+    if not specs:
+        raise ValueError("no rewards configured: list at least one under rewards in params.yaml")
+    component_columns(specs)
+    fns: dict[str, Callable[..., float]] = {}
+    for spec in specs:
+        _check_weight(spec)
+        fn = resolve_reward(spec.name)
+        check_reward_options(fn, spec.options, spec.name)
+        fns[spec.name] = fn
+    return fns
+
+
+def _checked_value(value: object, name: str) -> float:
+    # bool is an int subclass and numpy.bool_ is not a number at all; both usually mean a reward
+    # returned a predicate instead of a score, so refuse them rather than silently score 1/0.
+    if value is None:
+        raise TypeError(f"reward {name!r} returned None; a reward must return a finite float")
+    if isinstance(value, bool) or type(value).__name__ in ("bool_", "bool"):
+        raise TypeError(
+            f"reward {name!r} returned a bool ({value!r}); a reward must return a finite float "
+            "(1.0 or 0.0 for a pass/fail check)"
+        )
+    if not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"reward {name!r} returned a {type(value).__name__} ({value!r}); a reward must return a finite float"
+        )
+    result = float(value)
+    if not math.isfinite(result):
+        raise ValueError(f"reward {name!r} returned {result!r}; a reward must return a finite float")
+    return result
+
+
+def score_sample(
+    sample: Sample, specs: Sequence[RewardSpec], fns: Mapping[str, Callable[..., float]]
+) -> tuple[dict[str, float], float]:
+    """Every component's value by spec name, and their weighted sum.
+
+    `fns` comes from `prepare_rewards`. An exception raised by a reward keeps its type and gains a
+    note naming the reward; the score stage records it as this row's error.
+
+    >>> spec = RewardSpec("length_penalty", 0.5, {"max_tokens": 10, "buffer_tokens": 4})
+    >>> sample = Sample("Q", "...", None, {}, 8, False)
+    >>> score_sample(sample, [spec], prepare_rewards([spec]))  # (6 - 8) / 4 = -0.5, times 0.5
+    ({'length_penalty': -0.5}, -0.25)
+    """
+    components: dict[str, float] = {}
+    total = 0.0
+    for spec in specs:
+        if spec.name not in fns:
+            raise ValueError(f"reward {spec.name!r} was not prepared; call prepare_rewards(specs) first")
+        try:
+            raw = fns[spec.name](sample, **spec.options)
+        except Exception as exc:
+            exc.add_note(f"raised by reward {spec.name!r}")
+            raise
+        value = _checked_value(raw, spec.name)
+        components[spec.name] = value
+        total += spec.weight * value
+    return components, total

@@ -1,0 +1,221 @@
+"""The Parquet contract: every artifact's columns, dtypes, keys and owning stage, in one place.
+
+Why one module: every stage reads another stage's files, often on another machine and months later.
+The schema below is what makes a rollout table self-explanatory in polars/DuckDB and what every
+read and write is checked against (see ``rlpipe.io``). Artifacts are additive: each stage writes the
+key columns plus the columns it owns, and readers join on the keys.
+
+Conventions
+- Keys: ``(prompt_id, sample_idx)`` for everything per sample; ``prompt_id`` alone for prompt tables.
+- Per-token columns are lists aligned with ``completion_token_ids`` (one value per generated token,
+  the EOS token included when one was produced); their length must equal ``completion_length``.
+- Log-prob columns say whose they are (sampler / old / ref), never a bare ``logprobs``; all are
+  natural-log probabilities of the sampled token computed from ``logits / temperature``.
+- Bump ``SCHEMA_VERSION`` on any incompatible change: readers refuse files of another version.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+SCHEMA_VERSION = 1
+METADATA_KEY = "rlpipe"  # Parquet key-value metadata entry holding {"artifact", "schema_version", ...}
+
+TOKEN_IDS = pl.List(pl.Int32)
+TOKEN_FLOATS = pl.List(pl.Float32)
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: pl.DataType
+    doc: str
+    nullable: bool = False
+    per_token: bool = False  # a list with one entry per completion token
+
+
+@dataclass(frozen=True)
+class ArtifactSchema:
+    name: str
+    owner: str  # the stage that writes it
+    doc: str
+    keys: tuple[str, ...]
+    columns: tuple[Column, ...]
+    # Extra columns allowed by name prefix, e.g. one ``reward_<component>`` column per reward function.
+    dynamic_prefix: str | None = None
+    dynamic_dtype: pl.DataType | None = None
+    dynamic_doc: str = ""
+    column_by_name: dict[str, Column] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "column_by_name", {c.name: c for c in self.columns})
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    @property
+    def per_token_columns(self) -> list[str]:
+        return [c.name for c in self.columns if c.per_token]
+
+    def is_dynamic(self, name: str) -> bool:
+        return self.dynamic_prefix is not None and name.startswith(self.dynamic_prefix)
+
+    def polars_schema(self, extra_columns: list[str] = ()) -> pl.Schema:
+        """The canonical polars schema, with any dynamic columns appended in sorted order."""
+        items = [(c.name, c.dtype) for c in self.columns]
+        items += [(name, self.dynamic_dtype) for name in sorted(extra_columns)]
+        return pl.Schema(items)
+
+
+PROMPT_ID = Column("prompt_id", pl.Int64, "Stable id of the prompt: its row number in the source prompt file.")
+SAMPLE_IDX = Column("sample_idx", pl.Int32, "Index of the sample within its prompt's group, 0..G-1.")
+SAMPLE_KEYS = ("prompt_id", "sample_idx")
+
+PROMPTS = ArtifactSchema(
+    name="prompts",
+    owner="prepare",
+    doc="One row per prompt, tokenized exactly as the sampler will see it (chat template applied).",
+    keys=("prompt_id",),
+    columns=(
+        PROMPT_ID,
+        Column("prompt", pl.String, "Prompt text after the chat template, i.e. what was tokenized."),
+        Column("prompt_token_ids", TOKEN_IDS, "Token ids of `prompt`, special tokens included."),
+        Column("answer", pl.String, "Ground truth for verifiable rewards; null when the task has none.", nullable=True),
+        Column("metadata", pl.String, "JSON object of extra per-prompt fields for reward functions ('{}' if none)."),
+    ),
+)
+
+ROLLOUTS = ArtifactSchema(
+    name="rollouts",
+    owner="generate",
+    doc="G sampled completions per prompt, with the sampler's own per-token log-probs.",
+    keys=SAMPLE_KEYS,
+    columns=(
+        PROMPT_ID,
+        SAMPLE_IDX,
+        Column("policy_version", pl.Int64, "Iteration whose policy sampled this row (pi_old of this iteration)."),
+        Column("sample_seed", pl.Int64, "Seed of this sample, derived from (seed, iteration, prompt_id, sample_idx)."),
+        Column("prompt_token_ids", TOKEN_IDS, "Tokens the sampler conditioned on."),
+        Column("completion_token_ids", TOKEN_IDS, "Generated tokens, the EOS token included when produced."),
+        Column("completion_text", pl.String, "Decoded completion, special tokens removed."),
+        Column("completion_length", pl.Int32, "Number of generated tokens (= length of every per-token list)."),
+        Column("sampler_logprobs", TOKEN_FLOATS, "log pi_sampler of each generated token, as the engine reported it.",
+               per_token=True),
+        Column("finish_reason", pl.String, "'stop' (EOS produced) or 'length' (hit max_new_tokens)."),
+        Column("truncated", pl.Boolean, "True when the completion hit max_new_tokens without EOS."),
+    ),
+)
+
+SCORES = ArtifactSchema(
+    name="scores",
+    owner="score",
+    doc="Scalar reward per sample: the weighted sum and each component in its own column.",
+    keys=SAMPLE_KEYS,
+    columns=(
+        PROMPT_ID,
+        SAMPLE_IDX,
+        Column("reward", pl.Float64, "Weighted sum of the reward components (the fallback reward on error)."),
+        Column("correct", pl.Boolean, "Accuracy component == 1 (exact answer); null when not judged or errored.",
+               nullable=True),
+        Column("score_error", pl.String, "'ExceptionType: message' when a reward function failed on this row.",
+               nullable=True),
+    ),
+    dynamic_prefix="reward_",
+    dynamic_dtype=pl.Float64,
+    dynamic_doc="reward_<name>: unweighted value of reward component <name>; null when the row errored.",
+)
+
+REF_LOGPROBS = ArtifactSchema(
+    name="ref_logprobs",
+    owner="reference_logprob",
+    doc="Per-token log-probs of the completion under the reference policy pi_ref.",
+    keys=SAMPLE_KEYS,
+    columns=(
+        PROMPT_ID,
+        SAMPLE_IDX,
+        Column("reference_version", pl.Int64, "Iteration whose policy is the reference (0 = the initial model)."),
+        Column("ref_logprobs", TOKEN_FLOATS, "log pi_ref of each completion token.", per_token=True),
+    ),
+)
+
+VALUES = ArtifactSchema(
+    name="values",
+    owner="values",
+    doc="Per-token critic values V_t of the rollouts (PPO only), computed before GAE.",
+    keys=SAMPLE_KEYS,
+    columns=(
+        PROMPT_ID,
+        SAMPLE_IDX,
+        Column("values", TOKEN_FLOATS, "Critic value V_t at each completion token.", per_token=True),
+    ),
+)
+
+ADVANTAGES = ArtifactSchema(
+    name="advantages",
+    owner="advantage",
+    doc="Advantages per sample and per token, with the group statistics they came from.",
+    keys=SAMPLE_KEYS,
+    columns=(
+        PROMPT_ID,
+        SAMPLE_IDX,
+        Column("advantage", pl.Float32, "Sequence-level advantage A_i (null for token-level estimators).",
+               nullable=True),
+        Column("token_advantages", TOKEN_FLOATS, "Advantage of each completion token (A_i broadcast for GRPO).",
+               per_token=True),
+        Column("returns", TOKEN_FLOATS, "Critic targets R_t = A_t + V_t (PPO/GAE only).", nullable=True,
+               per_token=True),
+        Column("group_size", pl.Int32, "Number of samples of this prompt in the batch."),
+        Column("group_reward_mean", pl.Float64, "Mean reward of the group."),
+        Column("group_reward_std", pl.Float64, "Std of the group's rewards (convention: advantage.std_mode)."),
+        Column("filtered_reason", pl.String, "Why this row is left out of the loss (null = it is trained on).",
+               nullable=True),
+    ),
+)
+
+TRAIN_TOKEN_STATS = ArtifactSchema(
+    name="train_token_stats",
+    owner="train",
+    doc="What the trainer saw per token: old log-probs it recomputed before the first update, and entropy.",
+    keys=SAMPLE_KEYS,
+    columns=(
+        PROMPT_ID,
+        SAMPLE_IDX,
+        Column("old_logprobs", TOKEN_FLOATS, "log pi_old of each token, recomputed by the trainer (no grad).",
+               per_token=True),
+        Column("entropy", TOKEN_FLOATS, "Entropy of pi_old over the vocabulary at each completion position.",
+               per_token=True),
+        Column("new_logprobs", TOKEN_FLOATS, "log pi_theta of each token after the last optimizer step.",
+               per_token=True),
+    ),
+)
+
+EVAL_ROLLOUTS = ArtifactSchema(
+    name="eval_rollouts",
+    owner="evaluate",
+    doc="Greedy completions of the trained policy on the held-out prompts, judged for accuracy.",
+    keys=SAMPLE_KEYS,
+    columns=(
+        PROMPT_ID,
+        SAMPLE_IDX,
+        Column("policy_version", pl.Int64, "Version of the evaluated policy (the iteration's trained checkpoint)."),
+        Column("completion_token_ids", TOKEN_IDS, "Generated tokens, EOS included when produced."),
+        Column("completion_text", pl.String, "Decoded completion, special tokens removed."),
+        Column("completion_length", pl.Int32, "Number of generated tokens."),
+        Column("truncated", pl.Boolean, "True when the completion hit max_new_tokens without EOS."),
+        Column("reward", pl.Float64, "Weighted reward under the score stage's reward functions."),
+        Column("correct", pl.Boolean, "Exact answer; null when the prompt has no answer.", nullable=True),
+    ),
+)
+
+ARTIFACTS: dict[str, ArtifactSchema] = {
+    s.name: s for s in (PROMPTS, ROLLOUTS, SCORES, REF_LOGPROBS, VALUES, ADVANTAGES, TRAIN_TOKEN_STATS, EVAL_ROLLOUTS)
+}
+
+
+def get_schema(name: str) -> ArtifactSchema:
+    try:
+        return ARTIFACTS[name]
+    except KeyError:
+        raise KeyError(f"unknown artifact {name!r}; known: {', '.join(sorted(ARTIFACTS))}") from None

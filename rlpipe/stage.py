@@ -1,0 +1,68 @@
+"""What every stage entry point shares: error reporting, phase timing, metrics output.
+
+Kept free of torch so that the CPU-only stages (score, advantage) start in well under a second.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from rlpipe.errors import RlpipeError
+from rlpipe.io import write_json
+
+PROCESS_START = time.perf_counter()  # first import of rlpipe ~ process start (stage scripts import it first)
+
+
+class PhaseTimer:
+    """Wall time per phase (imports, read, compute, write), reported in each stage's metrics JSON.
+
+    Why: the iteration's cost is split between real work and fixed costs (process start-up,
+    Parquet I/O); the benchmark in BENCHMARKS.md reads these numbers.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {"imports": time.perf_counter() - PROCESS_START}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    def report(self) -> dict[str, float]:
+        out = {k: round(v, 3) for k, v in self.seconds.items()}
+        out["total"] = round(time.perf_counter() - PROCESS_START, 3)
+        return out
+
+
+def write_metrics(path: str | Path, stage: str, metrics: dict[str, Any], timer: PhaseTimer) -> None:
+    write_json(path, {"stage": stage, **metrics, "seconds": timer.report()})
+
+
+def stage_main(stage: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Decorate a stage's CLI function: an RlpipeError becomes one clear line on stderr and exit code 2."""
+
+    def wrap(fn: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> None:
+            try:
+                fn(*args, **kwargs)
+            except RlpipeError as e:
+                print(f"rlpipe {stage}: error: {e}", file=sys.stderr)
+                raise SystemExit(2) from None
+
+        return inner
+
+    return wrap
+
+
+def summary_line(stage: str, **fields: Any) -> None:
+    """One line per stage at the end: what it did and how long it took."""
+    parts = " ".join(f"{k}={v}" for k, v in fields.items())
+    print(f"rlpipe {stage}: {parts}", file=sys.stderr)

@@ -1,0 +1,43 @@
+"""What the train stage writes besides the checkpoint: token statistics, the step series, reward stats."""
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from rlpipe.io import atomic_path
+from rlpipe.training.loop import TrainResult
+
+STEP_COLUMNS = ("step", "epoch", "loss", "grad_norm", "lr", "sequences", "tokens", "approx_kl", "clip_fraction",
+                "dual_clip_fraction", "ratio_mean", "ratio_min", "ratio_max", "kl_ref", "entropy")
+
+
+def token_stats_frame(frame: pl.DataFrame, result: TrainResult) -> pl.DataFrame:
+    as_lists = lambda rows: pl.Series([np.asarray(r, dtype=np.float32) for r in rows], dtype=pl.List(pl.Float32))  # noqa: E731
+    return frame.select("prompt_id", "sample_idx").with_columns(
+        as_lists(result.old_logprobs).alias("old_logprobs"),
+        as_lists(result.old_entropy).alias("entropy"),
+        as_lists(result.new_logprobs).alias("new_logprobs"),
+    )
+
+
+def write_steps_csv(path: str, steps: list[dict[str, float]]) -> None:
+    """One row per optimizer step, fixed columns (empty where a value was not computed), for `dvc plots`."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=STEP_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for s in steps:
+        writer.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in s.items()})
+    with atomic_path(path) as tmp:
+        tmp.write_text(buf.getvalue())
+
+
+def reward_stats(scores: pl.DataFrame) -> dict[str, Any]:
+    return {
+        "reward_mean": float(scores["reward"].mean()),
+        "reward_std": float(scores["reward"].std()) if scores.height > 1 else 0.0,
+        "train_accuracy": float(scores["correct"].mean()) if scores["correct"].null_count() < scores.height else None,
+    }

@@ -1,0 +1,48 @@
+"""DVC stage `evaluate`: held-out accuracy of the trained policy (greedy decoding).
+
+    python stages/evaluate.py --params params.yaml --prompts EVAL.parquet --policy CHECKPOINT \
+        --out eval_rollouts.parquet --metrics metrics/evaluate.json
+"""
+import rlpipe.stage as stage  # first: starts the stage clock
+
+import typer
+
+from rlpipe.config import load_params
+from rlpipe.evaluate import evaluate_policy
+from rlpipe.io import read_artifact, write_artifact
+from rlpipe.models import eos_token_ids, load_model, load_tokenizer, read_policy_version, setup_torch
+from rlpipe.schema import EVAL_ROLLOUTS, PROMPTS
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command()
+@stage.stage_main("evaluate")
+def main(params: str = typer.Option("params.yaml", help="params file"),
+         prompts: str = typer.Option(..., help="held-out prompt table (prepare's eval_prompts)"),
+         policy: str = typer.Option(..., help="model directory to evaluate (train's checkpoint)"),
+         out: str = typer.Option(..., help="eval rollout table to write"),
+         metrics: str = typer.Option(..., help="metrics JSON to write")) -> None:
+    timer = stage.PhaseTimer()
+    p = load_params(params)
+    cfg = p.evaluate
+    setup_torch(p.torch_threads, 0)
+    with timer.phase("read"):
+        table = read_artifact(prompts, PROMPTS).frame
+        tokenizer = load_tokenizer(policy)
+        model = load_model(policy, device=cfg.device, dtype=cfg.dtype)
+    version = read_policy_version(policy)
+    with timer.phase("compute"):
+        frame, m = evaluate_policy(model, table, cfg=cfg, score_cfg=p.score,
+                                   eos_token_ids=eos_token_ids(model, tokenizer),
+                                   pad_token_id=tokenizer.pad_token_id,
+                                   policy_version=-1 if version is None else version,
+                                   decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+    with timer.phase("write"):
+        write_artifact(frame, out, EVAL_ROLLOUTS, metadata={"policy_version": version})
+    stage.write_metrics(metrics, "evaluate", m, timer)
+    stage.summary_line("evaluate", prompts=m["num_prompts"], seconds=timer.report()["total"], accuracy=m["accuracy"])
+
+
+if __name__ == "__main__":
+    app()

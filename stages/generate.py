@@ -1,0 +1,59 @@
+"""DVC stage `generate`: sample G completions per prompt with the current policy (pi_old).
+
+    python stages/generate.py --params params.yaml --prompts P.parquet --policy MODEL_DIR \
+        --out rollouts.parquet --metrics metrics/generate.json
+"""
+import rlpipe.stage as stage  # first: starts the stage clock
+
+import typer
+
+from rlpipe.config import load_params
+from rlpipe.errors import ArtifactError
+from rlpipe.generate import check_context, generate_rollouts, make_engine, rollout_metrics, select_prompts
+from rlpipe.io import read_artifact, write_artifact
+from rlpipe.models import eos_token_ids, load_model, load_tokenizer, read_policy_version, setup_torch
+from rlpipe.schema import PROMPTS, ROLLOUTS
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command()
+@stage.stage_main("generate")
+def main(params: str = typer.Option("params.yaml", help="params file"),
+         prompts: str = typer.Option(..., help="prompt table (prepare's train_prompts)"),
+         policy: str = typer.Option(..., help="model directory of the sampling policy"),
+         out: str = typer.Option(..., help="rollout table to write"),
+         metrics: str = typer.Option(..., help="metrics JSON to write")) -> None:
+    timer = stage.PhaseTimer()
+    p = load_params(params)
+    cfg = p.generate
+    setup_torch(p.torch_threads, p.seed)
+    version = read_policy_version(policy)
+    if version is not None and version != p.iteration:
+        raise ArtifactError(f"{policy}: holds policy version {version} but params iteration is {p.iteration}; "
+                            "run `rlpipe iterate` to advance, or fix policy.path")
+    with timer.phase("read"):
+        table = select_prompts(read_artifact(prompts, PROMPTS).frame, count=cfg.prompts_per_iteration,
+                               seed=p.seed, iteration=p.iteration)
+        tokenizer = load_tokenizer(policy)
+        model = load_model(policy, device=cfg.device, dtype=cfg.dtype)
+        check_context(table, max_new_tokens=cfg.max_new_tokens, source=prompts,
+                      context_length=getattr(model.config, "max_position_embeddings", None))
+    with timer.phase("compute"):
+        engine = make_engine(cfg, model=model, eos_token_ids=eos_token_ids(model, tokenizer),
+                             pad_token_id=tokenizer.pad_token_id)
+        rollouts = generate_rollouts(engine, table, cfg=cfg, seed=p.seed, iteration=p.iteration,
+                                     decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+    with timer.phase("write"):
+        sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
+                    "max_new_tokens": cfg.max_new_tokens, "group_size": cfg.group_size}
+        write_artifact(rollouts, out, ROLLOUTS, metadata={"policy_version": p.iteration, "sampling": sampling,
+                                                          "engine": engine.name})
+    m = rollout_metrics(rollouts)
+    stage.write_metrics(metrics, "generate", {**m, "engine": engine.name, "policy_version": p.iteration}, timer)
+    stage.summary_line("generate", rows=m["num_samples"], tokens=m["completion_tokens"],
+                       seconds=timer.report()["total"], truncation_rate=round(m["truncation_rate"], 3))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,47 @@
+"""DVC stage `reference_logprob`: per-token log-probs of the completions under the reference policy.
+
+    python stages/reference_logprob.py --params params.yaml --rollouts R.parquet --reference MODEL_DIR \
+        --out ref_logprobs.parquet --metrics metrics/reference_logprob.json
+"""
+import rlpipe.stage as stage  # first: starts the stage clock
+
+import typer
+
+from rlpipe.config import load_params
+from rlpipe.io import read_artifact, write_artifact
+from rlpipe.models import load_model, load_tokenizer, setup_torch
+from rlpipe.reference import reference_logprobs, reference_metrics
+from rlpipe.schema import REF_LOGPROBS, ROLLOUTS
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command()
+@stage.stage_main("reference_logprob")
+def main(params: str = typer.Option("params.yaml", help="params file"),
+         rollouts: str = typer.Option(..., help="rollout table (generate's output)"),
+         reference: str = typer.Option(..., help="model directory of the reference policy"),
+         out: str = typer.Option(..., help="reference log-prob table to write"),
+         metrics: str = typer.Option(..., help="metrics JSON to write")) -> None:
+    timer = stage.PhaseTimer()
+    p = load_params(params)
+    cfg = p.reference_logprob
+    setup_torch(p.torch_threads, 0)
+    with timer.phase("read"):
+        roll = read_artifact(rollouts, ROLLOUTS)
+        pad_id = load_tokenizer(reference).pad_token_id
+        model = load_model(reference, device=cfg.device, dtype=cfg.dtype)
+    with timer.phase("compute"):
+        ref = reference_logprobs(model, roll.frame, cfg, temperature=p.generate.temperature, pad_token_id=pad_id,
+                                 reference_version=p.reference.version)
+    with timer.phase("write"):
+        write_artifact(ref, out, REF_LOGPROBS, metadata={"reference_version": p.reference.version,
+                                                          "policy_version": roll.metadata.get("policy_version")})
+    m = reference_metrics(ref, roll.frame)
+    stage.write_metrics(metrics, "reference_logprob", m, timer)
+    stage.summary_line("reference_logprob", rows=m["num_samples"], tokens=m["tokens"],
+                       seconds=timer.report()["total"], kl_sampler_ref=round(m["kl_sampler_ref_k1"], 4))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,47 @@
+"""DVC stage `score`: reward every rollout with the configured reward functions.
+
+    python stages/score.py --params params.yaml --rollouts R.parquet --prompts P.parquet \
+        --out scores.parquet --metrics metrics/score.json
+"""
+import rlpipe.stage as stage  # first: starts the stage clock
+
+import typer
+
+from rlpipe.config import load_params
+from rlpipe.errors import ArtifactError
+from rlpipe.io import read_artifact, write_artifact
+from rlpipe.schema import PROMPTS, ROLLOUTS, SCORES
+from rlpipe.scoring import score_rows
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command()
+@stage.stage_main("score")
+def main(params: str = typer.Option("params.yaml", help="params file"),
+         rollouts: str = typer.Option(..., help="rollout table (generate's output)"),
+         prompts: str = typer.Option(..., help="prompt table with answers (prepare's train_prompts)"),
+         out: str = typer.Option(..., help="score table to write"),
+         metrics: str = typer.Option(..., help="metrics JSON to write")) -> None:
+    timer = stage.PhaseTimer()
+    cfg = load_params(params).score
+    with timer.phase("read"):
+        roll = read_artifact(rollouts, ROLLOUTS)
+        prompt_table = read_artifact(prompts, PROMPTS).frame
+    rows = roll.frame.join(prompt_table.select("prompt_id", "prompt", "answer", "metadata"), on="prompt_id",
+                           how="left")
+    missing = rows.filter(rows["prompt"].is_null())
+    if missing.height:
+        raise ArtifactError(f"{rollouts}: {missing.height} row(s) have a prompt_id not in {prompts}, "
+                            f"e.g. {missing['prompt_id'][0]}")
+    with timer.phase("compute"):
+        scores, m = score_rows(rows, cfg)
+    with timer.phase("write"):
+        write_artifact(scores, out, SCORES, metadata={"policy_version": roll.metadata.get("policy_version")})
+    stage.write_metrics(metrics, "score", m, timer)
+    stage.summary_line("score", rows=m["num_samples"], seconds=timer.report()["total"],
+                       reward_mean=round(m["reward_mean"], 4), errors=m["errors"])
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,62 @@
+"""DVC stage `train`: mu epochs of GRPO/PPO-clip updates of the policy on this iteration's rollouts.
+
+    python stages/train.py --params params.yaml --rollouts R.parquet --scores S.parquet \
+        --ref-logprobs F.parquet --advantages A.parquet --policy MODEL_DIR --checkpoint OUT_DIR \
+        --token-stats T.parquet --metrics metrics/train.json --steps plots/train_steps.csv
+"""
+import rlpipe.stage as stage  # first: starts the stage clock
+
+import typer
+
+from rlpipe.config import load_params
+from rlpipe.io import read_artifact, write_artifact
+from rlpipe.models import load_model, load_tokenizer, read_policy_version, save_checkpoint, setup_torch
+from rlpipe.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS
+from rlpipe.training.data import check_policy_version, training_data, training_frame
+from rlpipe.training.loop import train_policy
+from rlpipe.training.report import reward_stats, token_stats_frame, write_steps_csv
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command()
+@stage.stage_main("train")
+def main(params: str = typer.Option("params.yaml", help="params file"),
+         rollouts: str = typer.Option(..., help="rollout table"),
+         scores: str = typer.Option(..., help="score table (for reward statistics)"),
+         ref_logprobs: str = typer.Option(..., help="reference log-prob table"),
+         advantages: str = typer.Option(..., help="advantage table"),
+         policy: str = typer.Option(..., help="model directory of pi_old (the sampler), the starting weights"),
+         checkpoint: str = typer.Option(..., help="directory to write the trained model + tokenizer to"),
+         token_stats: str = typer.Option(..., help="per-token trainer statistics table to write"),
+         metrics: str = typer.Option(..., help="metrics JSON to write"),
+         steps: str = typer.Option(..., help="per-optimizer-step CSV to write (DVC plots)")) -> None:
+    timer = stage.PhaseTimer()
+    p = load_params(params)
+    cfg = p.train
+    setup_torch(p.torch_threads, p.seed)
+    with timer.phase("read"):
+        roll = read_artifact(rollouts, ROLLOUTS)
+        check_policy_version(roll, expected=p.iteration, policy_dir=policy, stored=read_policy_version(policy))
+        frame = training_frame(roll, read_artifact(advantages, ADVANTAGES), read_artifact(ref_logprobs, REF_LOGPROBS))
+        score_frame = read_artifact(scores, SCORES).frame
+        tokenizer = load_tokenizer(policy)
+        model = load_model(policy, device=cfg.device, dtype="float32")
+    with timer.phase("compute"):
+        result = train_policy(model, training_data(frame), cfg, temperature=p.generate.temperature,
+                              pad_token_id=tokenizer.pad_token_id, seed=p.seed, iteration=p.iteration,
+                              max_length=p.generate.max_new_tokens)
+    with timer.phase("write"):
+        save_checkpoint(model, tokenizer, checkpoint, policy_version=p.iteration + 1)
+        write_artifact(token_stats_frame(frame, result), token_stats, TRAIN_TOKEN_STATS,
+                       metadata={"policy_version": p.iteration})
+        write_steps_csv(steps, result.steps)
+    m = {**result.metrics, **reward_stats(score_frame), "policy_version_out": p.iteration + 1}
+    stage.write_metrics(metrics, "train", m, timer)
+    stage.summary_line("train", steps=m["optimizer_steps"], sequences=m["trained_sequences"],
+                       seconds=timer.report()["total"], clip_fraction=round(m["clip_fraction"], 4),
+                       approx_kl=round(m["approx_kl_old"], 5))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,296 @@
+"""Advantage estimators against hand-computed values (ALGORITHMS.md worked examples)."""
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rlpipe.algorithms.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    ADVANTAGE_ESTIMATOR_OPTIONS,
+    AdvantageResult,
+    adaptive_kl_beta,
+    dr_grpo_advantages,
+    gae_advantages,
+    get_advantage_estimator,
+    grpo_advantages,
+    kl_penalized_token_rewards,
+    reinforce_plus_plus_advantages,
+    rloo_advantages,
+    whiten,
+)
+
+REWARDS = [1.0, 0.8, 0.4, 0.2]  # ALGORITHMS.md worked example; mean 0.6, deviations +-0.4, +-0.2
+SUM_SQ = 0.4**2 + 0.2**2 + 0.2**2 + 0.4**2  # = 0.4
+
+
+def test_advantages_module_does_not_import_torch():
+    code = "import sys, rlpipe.algorithms.advantages, rlpipe.algorithms; assert 'torch' not in sys.modules, 'torch'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_package_reexports_every_name_in_all():
+    import rlpipe.algorithms as algorithms
+
+    assert len(algorithms.__all__) == len(set(algorithms.__all__))
+    for name in algorithms.__all__:
+        assert getattr(algorithms, name) is not None, name
+    assert algorithms.grpo_advantages is grpo_advantages
+    with pytest.raises(AttributeError):
+        algorithms.no_such_function
+
+
+# ---------------------------------------------------------------------------- GRPO
+
+
+def test_grpo_population_std_worked_example():
+    std = math.sqrt(SUM_SQ / 4)  # 0.3162
+    adv, metrics = grpo_advantages(REWARDS, [0, 0, 0, 0], std_mode="population", eps=1e-6)
+    expected = [0.4 / (std + 1e-6), 0.2 / (std + 1e-6), -0.2 / (std + 1e-6), -0.4 / (std + 1e-6)]
+    np.testing.assert_allclose(adv, expected, rtol=1e-12)
+    np.testing.assert_allclose(adv, [1.2649, 0.6325, -0.6325, -1.2649], atol=1e-4)  # the doc's ~[1.26, 0.63, ...]
+    assert metrics == {"num_groups": 1, "zero_variance_groups": 0, "zero_variance_fraction": 0.0, "singleton_groups": 0}
+
+
+def test_grpo_sample_std_worked_example():
+    std = math.sqrt(SUM_SQ / 3)  # 0.3651 (Bessel: divide by G-1)
+    adv, _ = grpo_advantages(REWARDS, [7, 7, 7, 7], std_mode="sample", eps=1e-6)
+    np.testing.assert_allclose(adv, [0.4 / (std + 1e-6), 0.2 / (std + 1e-6), -0.2 / (std + 1e-6), -0.4 / (std + 1e-6)])
+    np.testing.assert_allclose(adv, [1.0954, 0.5477, -0.5477, -1.0954], atol=1e-4)
+
+
+def test_grpo_eps_enters_the_denominator():
+    adv, _ = grpo_advantages([1.0, 0.0], [0, 0], std_mode="population", eps=0.5)
+    # mean 0.5, population std 0.5 -> 0.5 / (0.5 + 0.5) = 0.5
+    np.testing.assert_allclose(adv, [0.5, -0.5])
+
+
+def test_grpo_unsorted_noncontiguous_groups_zero_variance_and_singletons():
+    rewards = [1.0, 0.3, 0.0, 0.3, 5.0, 0.3, 1.0, 0.0]
+    groups = [42, 9, 42, 9, 100, 9, -3, -3]
+    adv, metrics = grpo_advantages(rewards, np.array(groups, dtype=np.int64), std_mode="population", eps=0.0)
+    # group 42: [1, 0] -> mean 0.5, std 0.5 -> [+1, -1]; group 9: all 0.3 -> 0;
+    # group 100: singleton -> 0; group -3: [1, 0] -> [+1, -1]
+    np.testing.assert_array_equal(adv, [1.0, 0.0, -1.0, 0.0, 0.0, 0.0, 1.0, -1.0])
+    assert metrics["num_groups"] == 4
+    assert metrics["zero_variance_groups"] == 1
+    assert metrics["singleton_groups"] == 1
+    assert metrics["zero_variance_fraction"] == 0.25
+    assert all(type(v) in (int, float) for v in metrics.values())
+
+
+def test_grpo_all_equal_rewards_are_exactly_zero_even_when_the_float_mean_is_not():
+    # three 0.1s: the float mean is 0.10000000000000002, so a tolerance-free std would be tiny, not 0
+    for std_mode in ("sample", "population"):
+        adv, metrics = grpo_advantages([0.1, 0.1, 0.1], [0, 0, 0], std_mode=std_mode, eps=1e-9)
+        assert np.all(adv == 0.0)
+        assert metrics["zero_variance_groups"] == 1
+
+
+def test_grpo_singleton_with_sample_std_is_zero_not_nan():
+    adv, metrics = grpo_advantages([3.0], [0], std_mode="sample", eps=1e-6)
+    assert adv.tolist() == [0.0]
+    assert metrics["singleton_groups"] == 1 and metrics["zero_variance_groups"] == 0
+
+
+def test_grpo_rejects_bad_inputs():
+    with pytest.raises(ValueError, match="std_mode"):
+        grpo_advantages(REWARDS, [0] * 4, std_mode="bessel", eps=1e-6)
+    with pytest.raises(ValueError, match="integer"):
+        grpo_advantages(REWARDS, [0.0] * 4, std_mode="sample", eps=1e-6)
+    with pytest.raises(ValueError, match="NaN"):
+        grpo_advantages([1.0, float("nan")], [0, 0], std_mode="sample", eps=1e-6)
+    with pytest.raises(ValueError, match="shape"):
+        grpo_advantages(REWARDS, [0] * 3, std_mode="sample", eps=1e-6)
+
+
+# ---------------------------------------------------------------------------- Dr.GRPO, RLOO
+
+
+def test_dr_grpo_is_centred_only():
+    adv, metrics = dr_grpo_advantages(REWARDS + [2.0, 2.0, 9.0], [0, 0, 0, 0, 1, 1, 2])
+    # group 0: R - 0.6; group 1 all equal -> 0; group 2 singleton -> 0
+    np.testing.assert_allclose(adv, [0.4, 0.2, -0.2, -0.4, 0.0, 0.0, 0.0], atol=1e-15)
+    assert (metrics["zero_variance_groups"], metrics["singleton_groups"]) == (1, 1)
+
+
+def test_rloo_by_hand():
+    adv, metrics = rloo_advantages([1.0, 0.0, 0.5, 4.0, 2.0, 7.0], [0, 0, 0, 1, 1, 2])
+    expected = [
+        1.0 - (0.0 + 0.5) / 2,  # 0.75
+        0.0 - (1.0 + 0.5) / 2,  # -0.75
+        0.5 - (1.0 + 0.0) / 2,  # 0.0
+        4.0 - 2.0 / 1,  # 2.0
+        2.0 - 4.0 / 1,  # -2.0
+        0.0,  # singleton: no leave-one-out baseline
+    ]
+    np.testing.assert_allclose(adv, expected, atol=1e-15)
+    assert metrics["singleton_groups"] == 1
+
+
+# ---------------------------------------------------------------------------- token rewards
+
+
+def test_kl_in_reward_worked_example():
+    # one-token completion: score 0.8, log pi_old - log pi_ref = 0.05, beta 6 -> 0.8 - 6 * 0.05 = 0.5
+    rewards = kl_penalized_token_rewards([0.8], [[-1.00]], [[-1.05]], [[True]], beta=6.0)
+    np.testing.assert_allclose(rewards, [[0.5]], atol=1e-12)
+
+
+def test_kl_in_reward_score_on_last_valid_token_and_padding_zero():
+    old = [[-1.0, -2.0, -0.5, np.nan], [-1.0, 123.0, np.nan, np.nan]]
+    ref = [[-1.1, -1.8, -0.5, 7.0], [-1.0, 0.0, 0.0, 0.0]]
+    mask = [[1, 1, 1, 0], [1, 0, 0, 0]]
+    rewards = kl_penalized_token_rewards([2.0, -1.0], old, ref, mask, beta=0.5)
+    expected = [
+        [-0.5 * 0.1, -0.5 * -0.2, -0.5 * 0.0 + 2.0, 0.0],  # score on token 2 (last valid)
+        [-0.5 * 0.0 - 1.0, 0.0, 0.0, 0.0],
+    ]
+    np.testing.assert_allclose(rewards, expected, atol=1e-12)
+
+
+def test_kl_in_reward_empty_row_stays_zero():
+    rewards = kl_penalized_token_rewards([1.0, 1.0], [[0.0, 0.0]] * 2, [[0.0, 0.0]] * 2, [[1, 0], [0, 0]], beta=1.0)
+    np.testing.assert_array_equal(rewards, [[1.0, 0.0], [0.0, 0.0]])
+
+
+def test_whiten_by_hand_and_padding_ignored():
+    x = [[1.0, 2.0, 3.0, 1e30], [np.nan, 0.0, 0.0, 0.0]]
+    mask = [[True, True, True, False], [False, False, False, False]]
+    # valid [1, 2, 3]: mean 2, population std sqrt(2/3) = 0.8165
+    std = math.sqrt(2 / 3)
+    np.testing.assert_allclose(whiten(x, mask, eps=0.0), [[-1 / std, 0.0, 1 / std, 0.0], [0.0] * 4])
+    np.testing.assert_array_equal(whiten(x, np.zeros((2, 4), bool), eps=1e-6), np.zeros((2, 4)))
+
+
+def test_reinforce_plus_plus_by_hand():
+    rewards = [[0.0, 0.0, 1.0], [0.5, -1.0, 99.0]]
+    mask = [[1, 1, 1], [1, 1, 0]]
+    # reward-to-go: row 0 [1, 1, 1]; row 1 [0.5 - 1, -1] = [-0.5, -1]
+    # valid returns [1, 1, 1, -0.5, -1]: mean 0.3, deviations 0.7 x3, -0.8, -1.3
+    var = (3 * 0.49 + 0.64 + 1.69) / 5  # 0.76
+    std = math.sqrt(var)
+    eps = 1e-6
+    expected = [[0.7 / (std + eps)] * 3, [-0.8 / (std + eps), -1.3 / (std + eps), 0.0]]
+    np.testing.assert_allclose(reinforce_plus_plus_advantages(rewards, mask, eps=eps), expected, rtol=1e-12)
+
+
+def test_gae_three_tokens_by_hand():
+    rewards = [[0.0, 0.0, 1.0, 55.0]]
+    values = [[0.5, 0.6, 0.7, np.nan]]
+    mask = [[1, 1, 1, 0]]
+    gamma, lam = 0.9, 0.8
+    delta2 = 1.0 + gamma * 0.0 - 0.7  # V after the last valid token is 0 -> 0.3
+    delta1 = 0.0 + gamma * 0.7 - 0.6  # 0.03
+    delta0 = 0.0 + gamma * 0.6 - 0.5  # 0.04
+    a2 = delta2  # 0.3
+    a1 = delta1 + gamma * lam * a2  # 0.03 + 0.72 * 0.3 = 0.246
+    a0 = delta0 + gamma * lam * a1  # 0.04 + 0.72 * 0.246 = 0.21712
+    adv, ret = gae_advantages(rewards, values, mask, gamma=gamma, lam=lam)
+    np.testing.assert_allclose(adv, [[a0, a1, a2, 0.0]], atol=1e-12)
+    np.testing.assert_allclose(adv[0, :3], [0.21712, 0.246, 0.3], atol=1e-12)
+    np.testing.assert_allclose(ret, [[a0 + 0.5, a1 + 0.6, a2 + 0.7, 0.0]], atol=1e-12)
+
+
+def test_gae_gamma_one_lambda_one_is_reward_to_go_minus_value():
+    rewards = np.array([[0.2, -0.1, 1.0], [0.0, 0.3, 0.0]])
+    values = np.array([[0.4, 0.1, 0.9], [0.2, 0.7, 0.0]])
+    mask = np.array([[1, 1, 1], [1, 1, 0]], bool)
+    adv, ret = gae_advantages(rewards, values, mask, gamma=1.0, lam=1.0)
+    np.testing.assert_allclose(ret, [[1.1, 0.9, 1.0], [0.3, 0.3, 0.0]], atol=1e-12)
+    np.testing.assert_allclose(adv, ret - np.where(mask, values, 0.0), atol=1e-12)
+
+
+# ---------------------------------------------------------------------------- adaptive KL
+
+
+def test_adaptive_kl_beta_by_hand():
+    # observed 0.15 / target 0.1 - 1 = 0.5 -> clipped to 0.2; n 64, horizon 10000
+    assert adaptive_kl_beta(0.1, observed_kl=0.15, target_kl=0.1, horizon=10000, num_samples=64) == pytest.approx(
+        0.1 * (1 + 0.2 * 64 / 10000)
+    )
+    # 0.09 / 0.1 - 1 = -0.1 (inside the clip)
+    assert adaptive_kl_beta(0.1, observed_kl=0.09, target_kl=0.1, horizon=10000, num_samples=64) == pytest.approx(
+        0.1 * (1 - 0.1 * 64 / 10000)
+    )
+    # 0 / 0.1 - 1 = -1 -> clipped to -0.2
+    assert adaptive_kl_beta(2.0, observed_kl=0.0, target_kl=0.1, horizon=100, num_samples=50) == pytest.approx(
+        2.0 * (1 - 0.2 * 50 / 100)
+    )
+
+
+# ---------------------------------------------------------------------------- registry
+
+
+def _call(name, options, **inputs):
+    base = dict(rewards_B=None, group_index_B=None, token_rewards_BT=None, values_BT=None, mask_BT=None)
+    return get_advantage_estimator(name)(**{**base, **inputs}, options=options)
+
+
+def test_registry_names_and_options_table_agree():
+    assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "gae"}
+    assert set(ADVANTAGE_ESTIMATOR_OPTIONS) == set(ADVANTAGE_ESTIMATORS)
+
+
+def test_registry_grpo_broadcasts_to_valid_tokens():
+    mask = np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]], bool)
+    options = {"std_mode": "population", "eps": 1e-6}
+    result = _call("grpo", options, rewards_B=REWARDS, group_index_B=[0] * 4, mask_BT=mask)
+    assert isinstance(result, AdvantageResult) and result.returns_BT is None
+    a = result.sequence_advantages_B
+    np.testing.assert_allclose(a, [1.2649, 0.6325, -0.6325, -1.2649], atol=1e-4)
+    np.testing.assert_array_equal(result.token_advantages_BT, np.where(mask, a[:, None], 0.0))
+    with pytest.raises(AttributeError):
+        result.metrics = {}  # frozen
+
+
+def test_registry_every_entry_runs_with_its_options():
+    mask = np.array([[1, 1, 1], [1, 1, 0]], bool)
+    inputs = dict(
+        rewards_B=[1.0, 0.0],
+        group_index_B=[0, 0],
+        token_rewards_BT=[[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]],
+        values_BT=[[0.1, 0.2, 0.3], [0.0, 0.1, 0.0]],
+        mask_BT=mask,
+    )
+    options = {
+        "grpo": {"std_mode": "sample", "eps": 1e-6},
+        "dr_grpo": {},
+        "rloo": {},
+        "reinforce_plus_plus": {"eps": 1e-6},
+        "gae": {"gamma": 1.0, "lam": 0.95, "eps": 1e-6},
+    }
+    for name in ADVANTAGE_ESTIMATORS:
+        result = _call(name, options[name], **inputs)
+        assert result.token_advantages_BT.shape == (2, 3)
+        assert np.all(result.token_advantages_BT[~mask] == 0.0)
+    np.testing.assert_allclose(_call("rloo", {}, **inputs).sequence_advantages_B, [1.0, -1.0])
+    gae = _call("gae", options["gae"], **inputs)
+    # GAE through the registry is whitened over valid tokens (ALGORITHMS.md); returns use the raw A
+    assert abs(gae.token_advantages_BT[mask].mean()) < 1e-12
+    raw, ret = gae_advantages(inputs["token_rewards_BT"], inputs["values_BT"], mask, gamma=1.0, lam=0.95)
+    np.testing.assert_array_equal(gae.returns_BT, ret)
+    np.testing.assert_allclose(gae.token_advantages_BT, whiten(raw, mask, eps=1e-6))
+
+
+def test_registry_missing_unknown_option_and_missing_input():
+    with pytest.raises(KeyError, match="eps"):
+        _call("grpo", {"std_mode": "sample"}, rewards_B=[1.0], group_index_B=[0], mask_BT=[[1]])
+    with pytest.raises(KeyError, match="lam"):
+        _call("gae", {"gamma": 1.0, "eps": 1e-6}, token_rewards_BT=[[1.0]], values_BT=[[0.0]], mask_BT=[[1]])
+    with pytest.raises(ValueError, match="std_mod"):
+        options = {"std_mode": "sample", "eps": 1e-6, "std_mod": "x"}
+        _call("grpo", options, rewards_B=[1.0], group_index_B=[0], mask_BT=[[1]])
+    with pytest.raises(ValueError, match="values_BT"):
+        _call("gae", {"gamma": 1.0, "lam": 1.0, "eps": 1e-6}, token_rewards_BT=[[1.0]], mask_BT=[[1]])
+
+
+def test_unknown_estimator_lists_valid_names():
+    with pytest.raises(ValueError, match="dr_grpo.*gae.*grpo.*reinforce_plus_plus.*rloo"):
+        get_advantage_estimator("ppo")
+
+
+def test_numeric_mask_must_be_zero_one():
+    with pytest.raises(ValueError, match="0 and 1"):
+        whiten([[1.0, 2.0]], [[1.0, 0.5]], eps=1e-6)
