@@ -184,7 +184,13 @@ def grpo_iteration(model, ref_model, tokenizer, prompts_rows, cfg: Config, gener
     }
 
 
-def run(cfg: Config, seed: int) -> dict:
+PREPARE_FIELDS = (
+    "num_digits", "num_train", "num_eval", "hidden_size", "num_layers", "num_heads",
+    "intermediate_size", "max_position_embeddings", "ws_steps", "ws_batch_size", "ws_lr",
+)
+
+
+def run(cfg: Config, seed: int, cache_dir: str | None = None) -> dict:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     tokenizer = build_char_tokenizer(TASK_ALPHABET)
@@ -193,10 +199,21 @@ def run(cfg: Config, seed: int) -> dict:
         tokenizer, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
         intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings, seed=seed,
     )
-    ws = warm_start(model, tokenizer, train_rows, steps=cfg.ws_steps, batch_size=cfg.ws_batch_size, lr=cfg.ws_lr, seed=seed)
+    cache = None
+    if cache_dir:
+        prep = {f: getattr(cfg, f) for f in PREPARE_FIELDS}
+        cache = os.path.join(cache_dir, "ws_" + "_".join(f"{v}" for v in prep.values()) + f"_s{seed}.pt")
+    if cache and os.path.exists(cache):
+        saved = torch.load(cache)
+        model.load_state_dict(saved["state_dict"])
+        ws = saved["metrics"]
+    else:
+        ws = warm_start(model, tokenizer, train_rows, steps=cfg.ws_steps, batch_size=cfg.ws_batch_size, lr=cfg.ws_lr, seed=seed)
+        if cache:
+            torch.save({"state_dict": model.state_dict(), "metrics": ws}, cache)
     acc0 = greedy_accuracy(model, tokenizer, eval_rows, max_new_tokens=cfg.max_new_tokens)
     prepare_s = time.perf_counter() - t0
-    print(f"[seed {seed}] params {count_parameters(model)} prepare {prepare_s:.1f}s ws_loss {ws['loss_last']:.3f} acc0 {acc0:.3f}", flush=True)
+    print(f"[seed {seed}] {'cached' if cache and ws is not None else ''} params {count_parameters(model)} prepare {prepare_s:.1f}s ws_loss {ws['loss_last']:.3f} acc0 {acc0:.3f}", flush=True)
 
     ref_model = copy.deepcopy(model)
     generator = torch.Generator().manual_seed(seed + 1000)
@@ -219,6 +236,7 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config fields")
     parser.add_argument("--list", action="store_true", help="print the named configs and exit")
     parser.add_argument("--json", help="write results here")
+    parser.add_argument("--cache-dir", help="reuse warm-started weights saved here (experiments only: prepare time is then not measured)")
     args = parser.parse_args()
     if args.list:
         for name, cfg in CONFIGS.items():
@@ -234,7 +252,7 @@ def main() -> None:
         kind = {"int": int, "float": float, "bool": lambda v: v.lower() in ("1", "true", "yes")}[types[key]]
         overrides[key] = kind(value)
     cfg = dataclasses.replace(cfg, **overrides)
-    results = [run(cfg, seed) for seed in args.seeds]
+    results = [run(cfg, seed, args.cache_dir) for seed in args.seeds]
     print("\nconfig:", args.config, overrides)
     print(f"{'seed':>4} {'params':>8} {'prep_s':>6} " + " ".join(f"{'acc' + str(i):>6}" for i in range(cfg.iterations + 1)) + f" {'gain':>6} {'s/iter':>6}")
     for r in results:

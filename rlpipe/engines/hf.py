@@ -224,6 +224,35 @@ class HFEngine:
         )
         return out.logits[:, -1, :].float(), getattr(out, self._cache_arg)
 
+    def _prefill(
+        self, prompts: Sequence[Sequence[int]], mask_BP: torch.Tensor, positions_BP: torch.Tensor
+    ) -> tuple[torch.Tensor, object]:
+        """Run the left-padded prompts; returns (last-position float32 logits [B, V], KV cache for B rows).
+
+        The samples of one prompt sit next to each other in a batch: each distinct prompt is run once,
+        then its KV cache and logits are repeated for every sample that shares it.
+        """
+        device, prompt_len = self.device, mask_BP.shape[1]
+        distinct: dict[tuple[int, ...], int] = {}  # prompt -> index among the distinct prompts
+        first_rows: list[int] = []  # the first row holding each distinct prompt
+        source: list[int] = []  # row -> index of its distinct prompt
+        for row, prompt in enumerate(prompts):
+            key = tuple(prompt)
+            if key not in distinct:
+                distinct[key] = len(first_rows)
+                first_rows.append(row)
+            source.append(distinct[key])
+        first_U = torch.tensor(first_rows, dtype=torch.long, device=device)
+        ids_UP = torch.tensor(
+            [[self.pad_token_id] * (prompt_len - len(p)) + list(p) for p in distinct], dtype=torch.long, device=device
+        )
+        logits_UV, cache = self._forward(ids_UP, mask_BP[first_U], positions_BP[first_U], None)
+        if len(first_rows) == len(prompts):
+            return logits_UV, cache
+        source_B = torch.tensor(source, dtype=torch.long, device=device)
+        cache.reorder_cache(source_B)  # index_select with repeats: one cache row per sample
+        return logits_UV[source_B], cache
+
     def _generate_batch(
         self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], params: SamplingParams
     ) -> list[Completion]:
@@ -236,9 +265,6 @@ class HFEngine:
         # Left padding puts every row's newest token in the last column. The mask covers the whole run:
         # 0 on left pads, 1 on prompt tokens and on every generated column. Position ids count real
         # tokens only, so a row's rotary positions are the same as if it were alone.
-        ids_BP = torch.tensor(
-            [[pad] * (prompt_len - len(p)) + list(p) for p in prompts], dtype=torch.long, device=device
-        )
         mask_BL = torch.ones((n_rows, prompt_len + n_new), dtype=torch.long, device=device)
         mask_BL[:, :prompt_len] = (
             torch.arange(prompt_len, device=device) >= (prompt_len - prompt_len_B).unsqueeze(-1)
@@ -251,11 +277,11 @@ class HFEngine:
         n_generated_B = torch.zeros(n_rows, dtype=torch.long, device=device)
         stopped_B = torch.zeros(n_rows, dtype=torch.bool, device=device)
 
-        # R rows are still in the KV cache: rows_R maps them to batch rows; done_R marks those that have
+        logits_RV, cache = self._prefill(prompts, mask_BL[:, :prompt_len], positions_BP)
+        # R rows are in the KV cache: rows_R maps them to batch rows; done_R marks those that have
         # produced EOS and wait to be dropped (they are fed a token but their output is ignored).
         rows_R = torch.arange(n_rows, device=device)
         done_R = torch.zeros(n_rows, dtype=torch.bool, device=device)
-        logits_RV, cache = self._forward(ids_BP, mask_BL[:, :prompt_len], positions_BP, None)
         for step in range(n_new):
             token_R, logprob_R = pick_next_tokens(logits_RV, uniforms_BN[rows_R, step], params)
             live_R = ~done_R
@@ -274,11 +300,10 @@ class HFEngine:
                 keep_K = (~done_R).nonzero().squeeze(-1)
                 cache.reorder_cache(keep_K)  # index_select on the batch dim of every layer's cache
                 rows_R, token_R, done_R = rows_R[keep_K], token_R[keep_K], done_R[keep_K]
-            cache_len = prompt_len + step + 1
             logits_RV, cache = self._forward(
                 token_R.unsqueeze(-1),
-                mask_BL[rows_R, :cache_len],
-                (torch.full_like(rows_R, prompt_len) + step).unsqueeze(-1),
+                mask_BL[rows_R, : prompt_len + step + 1],
+                (prompt_len_B[rows_R] + step).unsqueeze(-1),
                 cache,
             )
 

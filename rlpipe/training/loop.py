@@ -170,7 +170,7 @@ def _optimizer_step(model, optimizer, data, minibatch, cfg, *, temperature, pad_
             raise TrainingError(f"non-finite loss ({float(loss)}) at epoch {epoch}, optimizer step {step}; "
                                 "no checkpoint was written (check rewards and advantages for NaN/inf)")
         loss.backward()
-        loss_sum += float(loss)
+        loss_sum += float(loss.detach())
         parts.append(health)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
     if not math.isfinite(grad_norm):
