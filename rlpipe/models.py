@@ -34,22 +34,27 @@ def setup_torch(threads: int, seed: int) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
+def _missing(p: Path) -> ArtifactError:
+    return ArtifactError(f"{p}: model directory not found (rlpipe never downloads models; point policy.path / "
+                         "reference.path / prepare.files.tokenizer_path at a local Hugging Face model directory)")
+
+
 def check_model_dir(path: str | Path) -> Path:
     p = Path(path)
     if not p.is_dir():
-        raise ArtifactError(f"{p}: model directory not found (rlpipe never downloads models; "
-                            "point policy.path / reference.path at a local Hugging Face model directory)")
+        raise _missing(p)
     if not (p / "config.json").is_file():
         raise ArtifactError(f"{p}: not a Hugging Face model directory (no config.json)")
     return p
 
 
 def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer saved in a model directory (a tokenizer-only directory works too)."""
     from transformers import AutoTokenizer
 
-    p = check_model_dir(path) if (Path(path) / "config.json").exists() else Path(path)
+    p = Path(path)
     if not p.is_dir():
-        raise ArtifactError(f"{p}: tokenizer directory not found")
+        raise _missing(p)
     try:
         tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     except (OSError, ValueError) as e:

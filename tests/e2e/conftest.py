@@ -1,0 +1,94 @@
+"""A small copy of the project in a temp dir, for end-to-end `dvc repro` runs.
+
+The embedded default is shrunk (fewer prompts, a shorter warm start) so that one iteration takes
+seconds; the code paths are the same as the real default's.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+SMALL = {
+    "prepare.tiny.num_train": 200,
+    "prepare.tiny.num_eval": 24,
+    "prepare.tiny.warmstart_steps": 40,
+    "prepare.tiny.warmstart_batch_size": 32,
+    "generate.prompts_per_iteration": 16,
+    "generate.group_size": 4,
+    "train.minibatch_size": 32,
+    "train.micro_batch_size": 16,
+}
+
+
+def tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    keep_dirs = ("rlpipe/", "stages/", ".dvc/")
+    keep_files = {"params.yaml", "dvc.yaml", ".dvcignore", ".gitignore", "pyproject.toml"}
+    return [f for f in out.splitlines() if f.startswith(keep_dirs) or f in keep_files]
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{e.get('PATH', '')}"
+    e.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", DVC_NO_ANALYTICS="1",
+             GIT_AUTHOR_NAME="rlpipe test", GIT_AUTHOR_EMAIL="test@rlpipe.invalid",
+             GIT_COMMITTER_NAME="rlpipe test", GIT_COMMITTER_EMAIL="test@rlpipe.invalid")
+    return e
+
+
+def run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def edit_params(path: Path, updates: dict[str, object]) -> None:
+    data = yaml.safe_load(path.read_text())
+    for dotted, value in updates.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def make_project(dest: Path, updates: dict[str, object] | None = None) -> Path:
+    """Copy the project's files into ``dest`` as a fresh git repo with DVC, params shrunk."""
+    for rel in tracked_files():
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    edit_params(dest / "params.yaml", {**SMALL, **(updates or {})})
+    run(["git", "init", "-q"], dest)
+    run(["git", "add", "-A"], dest)
+    run(["git", "commit", "-qm", "project"], dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def reproduced(tmp_path_factory) -> Path:
+    """A project after one full `dvc repro` (shared, read-only: copy it before changing anything)."""
+    root = make_project(tmp_path_factory.mktemp("project"))
+    proc = run(["dvc", "repro"], root)
+    (root / "first_repro.log").write_text(proc.stdout + proc.stderr)
+    return root
+
+
+@pytest.fixture()
+def project_copy(reproduced, tmp_path) -> Path:
+    """A private copy of the reproduced project (git history, DVC cache and artifacts included)."""
+    dest = tmp_path / "copy"
+    shutil.copytree(reproduced, dest, symlinks=True)
+    return dest

@@ -1,0 +1,190 @@
+"""End to end: `dvc repro` of the (shrunk) embedded default, caching, iteration, restore."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlpipe.io import read_artifact, read_json
+from rlpipe.schema import ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS
+from tests.e2e.conftest import edit_params, run
+
+pytestmark = pytest.mark.slow
+
+STAGES = ["prepare", "generate", "score", "reference_logprob", "advantage", "train", "evaluate"]
+ARTIFACTS = {
+    "artifacts/prepare/train_prompts.parquet": PROMPTS,
+    "artifacts/prepare/eval_prompts.parquet": PROMPTS,
+    "artifacts/generate/rollouts.parquet": ROLLOUTS,
+    "artifacts/score/scores.parquet": SCORES,
+    "artifacts/reference_logprob/ref_logprobs.parquet": REF_LOGPROBS,
+    "artifacts/advantage/advantages.parquet": ADVANTAGES,
+    "artifacts/train/token_stats.parquet": TRAIN_TOKEN_STATS,
+    "artifacts/evaluate/eval_rollouts.parquet": EVAL_ROLLOUTS,
+}
+
+
+def ran_stages(output: str) -> list[str]:
+    return [s for s in STAGES if f"Running stage '{s}'" in output]
+
+
+def finite_numbers(obj) -> bool:
+    if isinstance(obj, dict):
+        return all(finite_numbers(v) for v in obj.values())
+    if isinstance(obj, list):
+        return all(finite_numbers(v) for v in obj)
+    if isinstance(obj, float):
+        return math.isfinite(obj)
+    return True
+
+
+def test_first_repro_runs_every_stage_and_writes_valid_artifacts(reproduced):
+    log = (reproduced / "first_repro.log").read_text()
+    assert ran_stages(log) == STAGES
+    for rel, schema in ARTIFACTS.items():
+        art = read_artifact(reproduced / rel, schema)
+        assert art.frame.height > 0, rel
+    rollouts = read_artifact(reproduced / "artifacts/generate/rollouts.parquet", ROLLOUTS).frame
+    assert rollouts.height == 16 * 4  # prompts_per_iteration x group_size
+    assert rollouts["prompt_id"].n_unique() == 16
+    assert sorted(rollouts["sample_idx"].unique().to_list()) == [0, 1, 2, 3]
+
+
+def test_metrics_are_finite_and_consistent(reproduced):
+    for stage in STAGES:
+        metrics = read_json(reproduced / "metrics" / f"{stage}.json")
+        assert metrics["stage"] == stage
+        assert finite_numbers(metrics), stage
+    train = read_json(reproduced / "metrics/train.json")
+    assert train["optimizer_steps"] == 2 * 2  # epochs x (64 sequences / minibatch 32)
+    assert train["trained_sequences"] + read_json(reproduced / "metrics/advantage.json")["filtered"][
+        "zero_variance_group"] == 64
+    evaluate = read_json(reproduced / "metrics/evaluate.json")
+    assert 0.0 <= evaluate["accuracy"] <= 1.0
+    assert evaluate["num_prompts"] == 24
+    steps = (reproduced / "plots/train_steps.csv").read_text().splitlines()
+    assert len(steps) == 1 + train["optimizer_steps"]
+
+
+def test_training_changed_the_weights(reproduced):
+    before = load_file(str(reproduced / "artifacts/prepare/model/model.safetensors"))
+    after = load_file(str(reproduced / "artifacts/train/checkpoint/model.safetensors"))
+    assert before.keys() == after.keys()
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert len(changed) == len(before), "every weight tensor should move"
+    assert json.loads((reproduced / "artifacts/train/checkpoint/rlpipe.json").read_text()) == {"policy_version": 1}
+
+
+def test_first_update_starts_on_policy(reproduced):
+    """The trainer recomputes pi_old before updating, so its log-probs match the sampler's (fp32 CPU)."""
+    stats = read_artifact(reproduced / "artifacts/train/token_stats.parquet", TRAIN_TOKEN_STATS).frame
+    rollouts = read_artifact(reproduced / "artifacts/generate/rollouts.parquet", ROLLOUTS).frame
+    old = torch.tensor(stats["old_logprobs"].explode().to_numpy())
+    sampler = torch.tensor(rollouts["sampler_logprobs"].explode().to_numpy())
+    assert torch.allclose(old, sampler, atol=1e-4)
+    steps = (reproduced / "plots/train_steps.csv").read_text().splitlines()
+    header, first = steps[0].split(","), steps[1].split(",")
+    assert float(first[header.index("ratio_max")]) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_second_repro_does_nothing(project_copy):
+    status = run(["dvc", "status", "--json"], project_copy).stdout.strip()
+    assert status in ("{}", "")
+    proc = run(["dvc", "repro"], project_copy)
+    assert ran_stages(proc.stdout) == []
+
+
+def test_reward_change_reruns_only_score_and_downstream(project_copy):
+    rollouts = (project_copy / "artifacts/generate/rollouts.parquet").read_bytes()
+    ref = (project_copy / "artifacts/reference_logprob/ref_logprobs.parquet").read_bytes()
+    scores = (project_copy / "artifacts/score/scores.parquet").read_bytes()
+    edit_params(project_copy / "params.yaml", {"score.rewards": [
+        {"name": "exact_answer", "weight": 1.0,
+         "options": {"answer_prefix": None, "tolerance": 0.0, "case_sensitive": True}},
+        {"name": "digit_match", "weight": 0.1, "options": {"answer_prefix": None}},
+    ]})
+    stale = json.loads(run(["dvc", "status", "--json"], project_copy).stdout)
+    assert "score" in stale and "generate" not in stale and "reference_logprob" not in stale
+    proc = run(["dvc", "repro"], project_copy)
+    assert ran_stages(proc.stdout) == ["score", "advantage", "train", "evaluate"]
+    assert (project_copy / "artifacts/generate/rollouts.parquet").read_bytes() == rollouts
+    assert (project_copy / "artifacts/reference_logprob/ref_logprobs.parquet").read_bytes() == ref
+    assert (project_copy / "artifacts/score/scores.parquet").read_bytes() != scores
+
+
+def test_iterate_advances_and_every_iteration_stays_retrievable(project_copy):
+    root = project_copy
+    it0_rollouts = (root / "artifacts/generate/rollouts.parquet").read_bytes()
+    out = run(["rlpipe", "iterate"], root).stdout
+    assert "iteration 0 done" in out
+    from rlpipe.config import load_params
+
+    params = load_params(root / "params.yaml")
+    assert (params.iteration, params.policy.path) == (1, "state/policy")
+    assert (params.reference.path, params.reference.version) == ("artifacts/prepare/model", 0)
+    assert json.loads((root / "state/policy/rlpipe.json").read_text()) == {"policy_version": 1}
+    history = [json.loads(x) for x in (root / "history/iterations.jsonl").read_text().splitlines()]
+    assert [h["iteration"] for h in history] == [0]
+
+    proc = run(["dvc", "repro"], root)
+    assert ran_stages(proc.stdout) == STAGES[1:]  # prepare is cached
+    rollouts = read_artifact(root / "artifacts/generate/rollouts.parquet", ROLLOUTS)
+    assert rollouts.frame["policy_version"].unique().to_list() == [1]
+    assert (root / "artifacts/generate/rollouts.parquet").read_bytes() != it0_rollouts
+    run(["rlpipe", "iterate"], root)
+    assert "iteration-1" in run(["git", "tag"], root).stdout
+
+    run(["git", "checkout", "-q", "iteration-0"], root)
+    run(["dvc", "checkout", "-q"], root)
+    assert (root / "artifacts/generate/rollouts.parquet").read_bytes() == it0_rollouts
+
+
+def test_reference_refresh_every_k_iterations(project_copy):
+    root = project_copy
+    edit_params(root / "params.yaml", {"reference.refresh_every": 1})
+    run(["dvc", "repro"], root)  # only the params file changed: nothing reads refresh_every
+    run(["rlpipe", "iterate", "--no-commit"], root)
+    from rlpipe.config import load_params
+
+    params = load_params(root / "params.yaml")
+    assert (params.reference.path, params.reference.version) == ("state/reference", 1)
+    stale = json.loads(run(["dvc", "status", "--json"], root).stdout)
+    assert "reference_logprob" in stale
+
+
+def test_iterate_refuses_an_unfinished_iteration(project_copy):
+    edit_params(project_copy / "params.yaml", {"train.lr": 1e-5})
+    proc = run(["rlpipe", "iterate"], project_copy, check=False)
+    assert proc.returncode == 2
+    assert "not up to date" in proc.stderr
+
+
+@pytest.mark.parametrize("stage", ["generate", "score", "reference_logprob", "advantage", "train"])
+def test_stage_output_is_byte_identical_on_rerun(project_copy, stage):
+    """Same params and inputs give the same bytes: force the stage to run again and compare."""
+    outs = {
+        "generate": ["artifacts/generate/rollouts.parquet"],
+        "score": ["artifacts/score/scores.parquet"],
+        "reference_logprob": ["artifacts/reference_logprob/ref_logprobs.parquet"],
+        "advantage": ["artifacts/advantage/advantages.parquet"],
+        "train": ["artifacts/train/token_stats.parquet", "artifacts/train/checkpoint/model.safetensors"],
+    }[stage]
+    before = {p: (project_copy / p).read_bytes() for p in outs}
+    proc = run(["dvc", "repro", "--force", "--single-item", stage], project_copy)
+    assert ran_stages(proc.stdout) == [stage]
+    for p in outs:
+        assert (project_copy / p).read_bytes() == before[p], p
+
+
+def test_clean_copy_reproduces_identical_prepare_outputs(reproduced, tmp_path):
+    """prepare (model build + warm start) is deterministic from the seed: rerun it elsewhere, compare bytes."""
+    dest = tmp_path / "again"
+    shutil.copytree(reproduced, dest, symlinks=True)
+    run(["dvc", "repro", "--force", "--single-item", "prepare"], dest)
+    for rel in ("artifacts/prepare/model/model.safetensors", "artifacts/prepare/train_prompts.parquet",
+                "artifacts/prepare/eval_prompts.parquet"):
+        assert (dest / rel).read_bytes() == (reproduced / rel).read_bytes(), rel
