@@ -73,5 +73,13 @@ def validate(path: str = typer.Argument(..., help="a Parquet file written by an 
                f"{art.frame.height} rows, {len(art.frame.columns)} columns")
 
 
+@app.command()
+def schema() -> None:
+    """Print every artifact's columns (owner stage, dtype, meaning) as Markdown."""
+    from rlpipe.schema import markdown_table
+
+    typer.echo(markdown_table(), nl=False)
+
+
 if __name__ == "__main__":
     app()

@@ -245,7 +245,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(fields)}")
+        raise ConfigError(f"unknown key(s) {[f'{where}.{k}'.lstrip('.') for k in unknown]}; valid keys: {sorted(fields)}")
     kwargs = {}
     for name, f in fields.items():
         key = f"{where}.{name}" if where else name

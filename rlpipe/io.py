@@ -50,6 +50,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_siblings(final)
     tmp = _temp_sibling(final)
     _remove(tmp)
     try:
@@ -67,6 +68,25 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         _remove(tmp)
         raise
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_siblings(final: Path) -> None:
+    """Delete temp files/dirs left beside ``final`` by writers that were killed (their pid is gone)."""
+    for prefix in (f".{final.name}.tmp-", f".{final.name}.old-"):
+        for stale in final.parent.glob(prefix + "*"):
+            pid = stale.name[len(prefix):]
+            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                _remove(stale)
 
 
 def _remove(path: Path) -> None:
@@ -122,15 +142,18 @@ def _conform(df: pl.DataFrame, schema: ArtifactSchema, source: str, *, allow_cas
             f"{source}: unexpected column(s) {extra}; the {schema.name!r} schema has {schema.column_names}{allowed}")
     dynamic = [c for c in df.columns if c not in schema.column_by_name]
     expected = schema.polars_schema(dynamic)
-    exprs = []
+    columns = []
     for name, want in expected.items():
         have = df.schema[name]
         if have != want:
             same_kind = _kind(have) == _kind(want) or have == pl.Null
             if not (allow_cast and same_kind):
                 raise ArtifactError(f"{source}: column {name!r} has dtype {have}, expected {want}")
-        exprs.append(pl.col(name).cast(want))
-    out = df.select(exprs)
+        try:
+            columns.append(df[name].cast(want))
+        except pl.exceptions.PolarsError as e:
+            raise ArtifactError(f"{source}: column {name!r} does not fit dtype {want}: {e}") from None
+    out = pl.DataFrame(columns)
     for col in schema.columns:
         if not col.nullable:
             nulls = out[col.name].null_count()
@@ -192,7 +215,7 @@ def write_artifact(df: pl.DataFrame, path: str | os.PathLike, schema: ArtifactSc
     """
     path = Path(path)
     out = _conform(df, schema, f"{path} (being written)", allow_cast=True).sort(list(schema.keys))
-    meta = {"artifact": schema.name, "schema_version": SCHEMA_VERSION, **(metadata or {})}
+    meta = {**(metadata or {}), "artifact": schema.name, "schema_version": SCHEMA_VERSION}
     table = out.to_arrow(compat_level=pl.CompatLevel.oldest())
     table = table.replace_schema_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
     with atomic_path(path) as tmp:
@@ -212,7 +235,13 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     raw = (arrow_schema.metadata or {}).get(METADATA_KEY.encode())
     if raw is None:
         raise ArtifactError(f"{p}: no rlpipe metadata in the Parquet footer; was it written by rlpipe?")
-    return json.loads(raw)
+    try:
+        meta = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        meta = None
+    if not isinstance(meta, dict):
+        raise ArtifactError(f"{p}: the rlpipe metadata in the Parquet footer is not a JSON object")
+    return meta
 
 
 def read_artifact(path: str | os.PathLike, schema: ArtifactSchema) -> Artifact:
@@ -269,7 +298,7 @@ def join_on_keys(left: Artifact, right: Artifact, *, keys: tuple[str, ...] = ("p
             parts.append(f"{only_left.height} key(s) only in {left.path}, e.g. {only_left.row(0, named=True)}")
         if only_right.height:
             parts.append(f"{only_right.height} key(s) only in {right.path}, e.g. {only_right.row(0, named=True)}")
-        raise ArtifactError("keys do not match across artifacts: " + "; ".join(parts))
+        raise ArtifactError(f"keys do not match between {left.path} and {right.path}: " + "; ".join(parts))
     joined = left.frame.join(right.frame.select([*keys, *rcols]), on=list(keys), how="inner")
     if "completion_length" in joined.columns:
         for c in rcols:

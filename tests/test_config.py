@@ -1,0 +1,291 @@
+"""rlpipe.config: the real params.yaml loads; every kind of bad key or value fails naming file and dotted key.
+
+Variants are built from the real params.yaml (load with yaml, change one thing, dump to tmp_path), so the
+tests follow the file as it grows instead of a copy that goes stale.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlpipe.config import Params, RewardEntry, TrainConfig, load_params
+from rlpipe.errors import ConfigError
+
+PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+
+
+@pytest.fixture(scope="module")
+def base() -> dict:
+    return yaml.safe_load(PARAMS.read_text())
+
+
+@pytest.fixture
+def data(base) -> dict:
+    return copy.deepcopy(base)
+
+
+def dump(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def config_error(path: Path) -> str:
+    with pytest.raises(ConfigError) as exc:
+        load_params(path)
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}: "), msg
+    return msg
+
+
+# ----------------------------------------------------------------------------------------------
+# The real file
+# ----------------------------------------------------------------------------------------------
+
+def test_repo_params_load():
+    p = load_params(PARAMS)
+    assert isinstance(p, Params)
+    assert p.seed == 1234 and p.iteration == 0
+    assert p.policy.path == "artifacts/prepare/model"
+    assert p.reference.version == 0 and p.reference.refresh_every == 0
+    assert p.paths.rollouts == "artifacts/generate/rollouts.parquet"
+    assert p.prepare.source == "tiny" and p.prepare.tiny.num_digits == 2
+    assert p.prepare.files.answer_column == "answer"
+    assert p.generate.group_size == 8 and p.generate.temperature == 1.0
+    assert p.train.dual_clip_c is None
+    assert p.train.lr == pytest.approx(3e-4) and isinstance(p.train.lr, float)
+    assert p.advantage.eps == pytest.approx(1e-6) and isinstance(p.advantage.eps, float)
+    assert p.train.minibatch_size >= p.train.micro_batch_size
+
+
+def test_reward_entries_are_parsed_into_reward_entry_tuples():
+    rewards = load_params(PARAMS).score.rewards
+    assert rewards == (
+        RewardEntry(name="exact_answer", weight=1.0,
+                    options={"answer_prefix": None, "tolerance": 0.0, "case_sensitive": True}),
+        RewardEntry(name="digit_match", weight=0.5, options={"answer_prefix": None}),
+    )
+    assert isinstance(rewards, tuple)
+
+
+def test_params_are_frozen():
+    p = load_params(PARAMS)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.train.lr = 1.0
+
+
+def test_a_dumped_copy_loads_to_the_same_params(tmp_path, data):
+    assert load_params(dump(tmp_path, data)) == load_params(PARAMS)
+
+
+# ----------------------------------------------------------------------------------------------
+# Unknown and missing keys
+# ----------------------------------------------------------------------------------------------
+
+def test_unknown_top_level_key(tmp_path, data):
+    data["seedd"] = 1
+    path = dump(tmp_path, data)
+    msg = config_error(path)
+    assert msg.startswith(f"{path}: unknown key(s) ['seedd']; valid keys: ['advantage', 'evaluate', ")
+    assert "'seed'" in msg and "'torch_threads'" in msg
+
+
+def test_unknown_nested_key_names_the_dotted_key_and_lists_valid_keys(tmp_path, data):
+    data["train"]["lrr"] = 1e-4
+    msg = config_error(dump(tmp_path, data))
+    assert "unknown key(s) ['train.lrr']" in msg
+    assert "valid keys: ['adam_beta1', 'adam_beta2', 'chunk_size', " in msg
+    assert "'lr'" in msg and "'micro_batch_size'" in msg
+
+
+def test_unknown_key_two_levels_down(tmp_path, data):
+    data["prepare"]["tiny"]["num_layer"] = 3
+    msg = config_error(dump(tmp_path, data))
+    assert "unknown key(s) ['prepare.tiny.num_layer']" in msg
+    assert "'num_layers'" in msg
+
+
+def test_unknown_key_in_a_reward_entry(tmp_path, data):
+    data["score"]["rewards"][1]["wieght"] = 0.5
+    msg = config_error(dump(tmp_path, data))
+    assert "unknown key(s) ['score.rewards[1].wieght']; valid keys: ['name', 'options', 'weight']" in msg
+
+
+def test_missing_key(tmp_path, data):
+    del data["train"]["lr"]
+    assert config_error(dump(tmp_path, data)).endswith(": train.lr: missing required key")
+
+
+def test_missing_section(tmp_path, data):
+    del data["evaluate"]
+    assert config_error(dump(tmp_path, data)).endswith(": evaluate: missing required key")
+
+
+def test_missing_top_level_key(tmp_path, data):
+    del data["iteration"]
+    assert config_error(dump(tmp_path, data)).endswith(": iteration: missing required key")
+
+
+def test_missing_reward_weight_but_options_are_optional(tmp_path, data):
+    del data["score"]["rewards"][1]["options"]
+    assert load_params(dump(tmp_path, data)).score.rewards[1] == RewardEntry("digit_match", 0.5, {})
+    del data["score"]["rewards"][1]["weight"]
+    assert config_error(dump(tmp_path, data)).endswith(": score.rewards[1].weight: missing required key")
+
+
+# ----------------------------------------------------------------------------------------------
+# Mistyped values
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "expected"),
+    [
+        (None, "seed", "1234", "seed: expected an integer, got '1234'"),
+        (None, "iteration", True, "iteration: expected an integer, got True"),  # bool is not an int
+        ("train", "epochs", 2.0, "train.epochs: expected an integer, got 2.0"),
+        ("train", "lr", "fast", "train.lr: expected a number, got 'fast'"),
+        ("train", "lr", False, "train.lr: expected a number, got False"),
+        ("advantage", "drop_truncated", 0, "advantage.drop_truncated: expected true/false, got 0"),
+        ("generate", "device", 0, "generate.device: expected a string, got 0"),
+        ("policy", "path", None, "policy.path: expected a string, got None"),
+        ("train", "dual_clip_c", "three", "train.dual_clip_c: expected a number, got 'three'"),
+        ("prepare", "tiny", [1, 2], "prepare.tiny: expected a mapping of keys, got list"),
+        ("score", "rewards", {"name": "exact_answer", "weight": 1.0}, "score.rewards: expected a list, got dict"),
+    ],
+)
+def test_mistyped_value(tmp_path, data, section, key, value, expected):
+    (data[section] if section else data)[key] = value
+    assert config_error(dump(tmp_path, data)).endswith(f": {expected}")
+
+
+def test_reward_options_must_be_a_mapping(tmp_path, data):
+    data["score"]["rewards"][0]["options"] = ["answer_prefix"]
+    assert config_error(dump(tmp_path, data)).endswith(": score.rewards[0].options: expected a mapping, got list")
+
+
+def test_reward_options_null_means_none(tmp_path, data):
+    data["score"]["rewards"][0]["options"] = None
+    assert load_params(dump(tmp_path, data)).score.rewards[0].options == {}
+
+
+def test_int_is_accepted_for_float_and_stored_as_float(tmp_path, data):
+    data["train"]["lr"] = 1
+    data["train"]["dual_clip_c"] = 3
+    p = load_params(dump(tmp_path, data))
+    assert p.train.lr == 1.0 and type(p.train.lr) is float
+    assert p.train.dual_clip_c == 3.0 and type(p.train.dual_clip_c) is float
+
+
+def test_yaml_exponent_without_a_dot_is_a_string_and_rejected(tmp_path):
+    """PyYAML (YAML 1.1) reads `3e-4` as the string '3e-4'; the loader must say so, not crash later."""
+    text = PARAMS.read_text()
+    assert "  lr: 3.0e-4\n" in text
+    path = tmp_path / "params.yaml"
+    path.write_text(text.replace("  lr: 3.0e-4\n", "  lr: 3e-4\n"))
+    assert config_error(path).endswith(": train.lr: expected a number, got '3e-4'")
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "choices"),
+    [
+        ("train", "policy_loss", "ppo", "['ppo_clip', 'gspo', 'gspo_token']"),
+        ("train", "kl_estimator", "k4", "['k1', 'k2', 'k3']"),
+        ("advantage", "estimator", "GRPO", "['grpo', 'dr_grpo', 'rloo']"),
+        ("advantage", "std_mode", 1, "['sample', 'population']"),  # no int codes
+        ("generate", "dtype", "fp16", "['float32', 'bfloat16', 'float16']"),
+        ("prepare", "source", "hub", "['tiny', 'files']"),
+    ],
+)
+def test_invalid_choice_lists_the_valid_ones(tmp_path, data, section, key, value, choices):
+    data[section][key] = value
+    assert config_error(dump(tmp_path, data)).endswith(f": {section}.{key}: {value!r} is not one of {choices}")
+
+
+def test_yaml_on_is_a_bool_not_the_choice_on(tmp_path):
+    """YAML 1.1 reads a bare `on` as true: the choice must be quoted, and the loader says what it got."""
+    text = PARAMS.read_text()
+    assert "    chat_template: auto" in text
+    path = tmp_path / "params.yaml"
+    path.write_text(text.replace("    chat_template: auto", "    chat_template: on"))
+    assert config_error(path).endswith(": prepare.files.chat_template: True is not one of ['auto', 'on', 'off']")
+    path.write_text(text.replace("    chat_template: auto", '    chat_template: "on"'))
+    assert load_params(path).prepare.files.chat_template == "on"
+
+
+def test_nullable_values_accept_null(tmp_path, data):
+    data["train"]["dual_clip_c"] = None
+    data["prepare"]["files"]["answer_column"] = None
+    p = load_params(dump(tmp_path, data))
+    assert p.train.dual_clip_c is None
+    assert p.prepare.files.answer_column is None
+
+
+def test_non_nullable_value_rejects_null(tmp_path, data):
+    data["train"]["kl_beta"] = None
+    assert config_error(dump(tmp_path, data)).endswith(": train.kl_beta: expected a number, got None")
+
+
+# ----------------------------------------------------------------------------------------------
+# Cross-key rules
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "expected"),
+    [
+        ("train", "micro_batch_size", 512, "train.minibatch_size must be >= train.micro_batch_size >= 1"),
+        ("train", "micro_batch_size", 0, "train.minibatch_size must be >= train.micro_batch_size >= 1"),
+        ("train", "epochs", 0, "train.epochs must be >= 1"),
+        ("train", "eps_low", -0.1, "train.eps_low and train.eps_high must be >= 0"),
+        ("train", "dual_clip_c", 1.0, "train.dual_clip_c must be > 1 or null"),
+        ("generate", "group_size", 0, "generate.group_size must be >= 1"),
+        ("generate", "temperature", 0.0, "generate.temperature must be > 0"),
+        ("generate", "top_p", 1.5, "generate.top_p must be in (0, 1]"),
+        ("generate", "top_p", 0, "generate.top_p must be in (0, 1]"),
+        ("generate", "max_new_tokens", 0, "generate.max_new_tokens must be >= 1"),
+        ("score", "max_error_fraction", 1.5, "score.max_error_fraction must be in [0, 1]"),
+        ("score", "rewards", [], "score.rewards must name at least one reward function"),
+        ("reference", "refresh_every", -1, "reference.refresh_every must be >= 0"),
+    ],
+)
+def test_cross_key_rules(tmp_path, data, section, key, value, expected):
+    data[section][key] = value
+    path = dump(tmp_path, data)
+    assert config_error(path).startswith(f"{path}: {expected}")
+
+
+def test_cross_key_rule_boundaries_are_accepted(tmp_path, data):
+    data["train"]["micro_batch_size"] = data["train"]["minibatch_size"]
+    data["train"]["dual_clip_c"] = 1.5
+    data["generate"]["top_p"] = 1.0
+    data["score"]["max_error_fraction"] = 0.0
+    p = load_params(dump(tmp_path, data))
+    assert isinstance(p.train, TrainConfig) and p.train.dual_clip_c == 1.5
+
+
+# ----------------------------------------------------------------------------------------------
+# Not a params file at all
+# ----------------------------------------------------------------------------------------------
+
+def test_not_yaml(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("seed: [1234\ntrain: {lr: 3\n")
+    assert config_error(path).startswith(f"{path}: not valid YAML: ")
+
+
+@pytest.mark.parametrize(("text", "got"), [("", "NoneType"), ("just a sentence\n", "str"), ("- seed\n", "list")])
+def test_yaml_that_is_not_a_mapping(tmp_path, text, got):
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    assert config_error(path).endswith(f"expected a mapping of keys, got {got}")
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="nope.yaml: params file not found"):
+        load_params(path)
+    with pytest.raises(ConfigError, match="params file not found"):
+        load_params(tmp_path)  # a directory is not a params file

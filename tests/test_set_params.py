@@ -1,0 +1,158 @@
+"""rlpipe.iterate.set_params: edits values in place, keeping every comment and every other byte of params.yaml."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rlpipe.config import load_params
+from rlpipe.errors import RlpipeError
+from rlpipe.iterate import set_params
+
+PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+
+
+@pytest.fixture
+def params(tmp_path) -> Path:
+    path = tmp_path / "params.yaml"
+    shutil.copyfile(PARAMS, path)
+    return path
+
+
+def changed_lines(before: str, after: str) -> dict[int, tuple[str, str]]:
+    """Line number -> (old, new) for every line that differs; the line count must not change."""
+    old, new = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    assert len(old) == len(new)
+    return {i: (a, b) for i, (a, b) in enumerate(zip(old, new)) if a != b}
+
+
+def line_index(text: str, line: str) -> int:
+    lines = text.splitlines(keepends=True)
+    assert lines.count(line) == 1, line
+    return lines.index(line)
+
+
+def test_sets_iteration_policy_and_reference_keeping_everything_else(params):
+    before = params.read_text()
+    set_params(params, {"iteration": 3, "policy.path": "state/policy", "reference.version": 2})
+    after = params.read_text()
+
+    expected = {
+        "iteration: 0          # written by `rlpipe iterate`: the version of the policy that samples this iteration\n":
+        "iteration: 3          # written by `rlpipe iterate`: the version of the policy that samples this iteration\n",
+        "  path: artifacts/prepare/model   # pi_old: samples this iteration and is the trainer's start\n":
+        "  path: state/policy   # pi_old: samples this iteration and is the trainer's start\n",
+        "  version: 0                      # iteration whose policy the reference is\n":
+        "  version: 2                      # iteration whose policy the reference is\n",
+    }
+    assert changed_lines(before, after) == {line_index(before, old): (old, new) for old, new in expected.items()}
+
+    comments = [ln for ln in before.splitlines() if ln.lstrip().startswith("#")]
+    assert len(comments) >= 3
+    assert [ln for ln in after.splitlines() if ln.lstrip().startswith("#")] == comments
+
+    p = load_params(params)
+    assert (p.iteration, p.policy.path, p.reference.version) == (3, "state/policy", 2)
+    assert p.reference.path == "artifacts/prepare/model"
+    assert p.paths.model_dir == "artifacts/prepare/model"
+
+
+def test_same_key_name_in_another_section_is_not_touched(params):
+    before = params.read_text()
+    assert before.count("artifacts/prepare/model") == 3  # policy.path, reference.path, paths.model_dir
+    set_params(params, {"reference.path": "state/reference"})
+    after = params.read_text()
+
+    old = "  path: artifacts/prepare/model   # pi_ref: the KL anchor\n"
+    assert changed_lines(before, after) == {
+        line_index(before, old): (old, "  path: state/reference   # pi_ref: the KL anchor\n")}
+    p = load_params(params)
+    assert p.reference.path == "state/reference"
+    assert p.policy.path == "artifacts/prepare/model"
+    assert p.paths.model_dir == "artifacts/prepare/model"
+
+
+def test_key_of_the_same_name_nested_deeper_is_not_a_section_key(params):
+    """`prepare.train` does not exist: `train` lives under prepare.files, and the top-level `train:` is a section."""
+    before = params.read_bytes()
+    with pytest.raises(RlpipeError, match=r"key prepare\.train not found"):
+        set_params(params, {"prepare.train": "x.jsonl"})
+    assert params.read_bytes() == before
+
+
+def test_setting_the_current_value_leaves_the_file_byte_identical(params):
+    before = params.read_bytes()
+    set_params(params, {"iteration": 0, "policy.path": "artifacts/prepare/model", "train.dual_clip_c": None})
+    assert params.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("updates", "message"),
+    [
+        ({"iterations": 1}, "key iterations not found"),
+        ({"train.lrr": 1.0}, "key train.lrr not found"),
+        ({"trainer.lr": 1.0}, "section 'trainer' not found"),
+        ({"prepare.tiny.num_layers": 3}, "cannot set prepare.tiny.num_layers: only `key` or `section.key`"),
+    ],
+)
+def test_missing_key_raises_and_writes_nothing(params, updates, message):
+    before = params.read_bytes()
+    with pytest.raises(RlpipeError) as exc:
+        set_params(params, updates)
+    assert str(exc.value).startswith(f"{params}: ")
+    assert message in str(exc.value)
+    assert params.read_bytes() == before
+
+
+def test_one_bad_key_among_several_writes_nothing(params):
+    before = params.read_bytes()
+    with pytest.raises(RlpipeError, match=r"key train\.lrr not found"):
+        set_params(params, {"iteration": 5, "train.lrr": 1.0})
+    assert params.read_bytes() == before
+    assert sorted(p.name for p in params.parent.iterdir()) == ["params.yaml"]
+
+
+def test_value_yaml_would_read_back_differently_is_refused(params):
+    """'123' would be written bare and read back as the int 123: refused rather than silently retyped."""
+    before = params.read_bytes()
+    with pytest.raises(RlpipeError, match=r"failed to set policy\.path \(read back 123\)"):
+        set_params(params, {"policy.path": "123"})
+    assert params.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "rendered"),
+    [
+        ("policy.path", "models/my policy", '"models/my policy"'),
+        ("train.dual_clip_c", 3.0, "3.0"),
+        ("train.kl_beta", 0.04, "0.04"),
+        ("advantage.drop_truncated", True, "true"),
+        ("prepare.max_prompt_tokens", 128, "128"),
+    ],
+)
+def test_values_are_rendered_as_yaml_that_reads_back_equal(params, dotted, value, rendered):
+    set_params(params, {dotted: value})
+    section, key = dotted.split(".")
+    p = load_params(params)
+    assert getattr(getattr(p, section), key) == value
+    assert any(ln.startswith(f"  {key}: {rendered}") for ln in params.read_text().splitlines())
+
+
+def test_section_with_comments_and_blank_lines_inside(tmp_path):
+    path = tmp_path / "p.yaml"
+    text = (
+        "# header\n"
+        "a: 1  # top\n"
+        "sec:\n"
+        "  # first comment\n"
+        "  x: 1\n"
+        "# a column-0 comment inside the section\n"
+        "\n"
+        "  y: 2 # trailing\n"
+        "other:\n"
+        "  y: 3\n"
+    )
+    path.write_text(text)
+    set_params(path, {"sec.y": 5, "a": 2})
+    assert path.read_text() == text.replace("  y: 2 # trailing", "  y: 5 # trailing").replace("a: 1  #", "a: 2  #")
