@@ -17,6 +17,7 @@ All log-probs are of softmax(logits / temperature), the temperature used for sam
 Gotcha: the body is called as `model.base_model` and the head as `model.get_output_embeddings()`,
 bypassing the causal-LM wrapper's forward; wrappers that act in that forward (e.g. FSDP on the root
 module, accelerate device-map hooks) or models that rescale logits there are not supported.
+For a PEFT model pass `peft_model.get_base_model()` (the adapters live inside its layers).
 """
 from __future__ import annotations
 
@@ -159,7 +160,9 @@ def completion_logprobs(
     hidden_NH = hidden_BTH[row_N, pos_N]
 
     head = model.get_output_embeddings()
-    recompute = torch.is_grad_enabled() and hidden_NH.requires_grad
+    if head is None:
+        raise TypeError(f"{type(model).__name__} has no output embedding (LM head)")
+    recompute = torch.is_grad_enabled()
     pieces: list[tuple[torch.Tensor, ...]] = []
     for start in range(0, hidden_NH.shape[0], chunk_size):
         stop = start + chunk_size

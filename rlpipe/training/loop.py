@@ -76,7 +76,7 @@ def micro_batch_loss(model, data: TrainingData, idx: Sequence[int], cfg: TrainCo
     batch = make_token_batch([data.prompt_token_ids[i] for i in idx], [data.completion_token_ids[i] for i in idx],
                              pad_token_id=pad_token_id)
     with _autocast(cfg):
-        logp_BC, entropy_BC = completion_logprobs(model, _to(batch, cfg.device), temperature=temperature,
+        logp_BC, entropy_BC = completion_logprobs(model, batch.to(cfg.device), temperature=temperature,
                                                   chunk_size=cfg.chunk_size, with_entropy=cfg.entropy_coef > 0)
     width = logp_BC.shape[1]
     mask_BC = (torch.arange(width)[None, :] < torch.tensor(batch.completion_lengths)[:, None]).to(logp_BC.device)
@@ -99,15 +99,6 @@ def micro_batch_loss(model, data: TrainingData, idx: Sequence[int], cfg: TrainCo
     if entropy_BC is not None:
         health["entropy"] = float(entropy_BC.detach().float()[m].mean()) if m.any() else 0.0
     return loss, health
-
-
-def _to(batch, device):
-    if str(device) == "cpu":
-        return batch
-    batch.input_ids_BT = batch.input_ids_BT.to(device)
-    batch.attention_mask_BT = batch.attention_mask_BT.to(device)
-    batch.completion_mask_BT = batch.completion_mask_BT.to(device)
-    return batch
 
 
 def _combine(parts: list[dict[str, float]]) -> dict[str, float]:

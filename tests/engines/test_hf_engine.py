@@ -1,4 +1,5 @@
 """HFEngine on a tiny random Llama: seeding, batch-order independence, log-probs, stopping."""
+import math
 import time
 
 import pytest
@@ -13,11 +14,15 @@ SAMPLE = SamplingParams(temperature=0.8, top_p=1.0, top_k=0, max_new_tokens=10)
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    return HFEngine(tiny_model_dir, device="cpu", dtype="float32", batch_size=64, eos_token_ids=[EOS_ID], pad_token_id=PAD_ID)
+    return HFEngine(
+        tiny_model_dir, device="cpu", dtype="float32", batch_size=64, eos_token_ids=[EOS_ID], pad_token_id=PAD_ID
+    )
 
 
 def _engine_like(engine, *, batch_size, eos_token_ids=(EOS_ID,)):
-    return HFEngine.from_model(engine.model, batch_size=batch_size, eos_token_ids=eos_token_ids, pad_token_id=PAD_ID)
+    return HFEngine.from_model(
+        engine.model, batch_size=batch_size, eos_token_ids=eos_token_ids, pad_token_id=PAD_ID
+    )
 
 
 def _requests(count: int, seed: int = 0, n: int = 3) -> list[PromptRequest]:
@@ -35,7 +40,9 @@ def _assert_same_samples(got: list[Completion], expected: list[Completion]) -> N
     assert [c.token_ids for c in got] == [c.token_ids for c in expected]
     assert [c.finish_reason for c in got] == [c.finish_reason for c in expected]
     for a, b in zip(got, expected):
-        torch.testing.assert_close(torch.tensor(a.sampler_logprobs), torch.tensor(b.sampler_logprobs), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            torch.tensor(a.sampler_logprobs), torch.tensor(b.sampler_logprobs), atol=1e-5, rtol=1e-5
+        )
 
 
 def _full_forward_logits(model, prompt, completion) -> torch.Tensor:
@@ -243,12 +250,51 @@ def test_many_samples_are_fast(engine):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_bfloat16_on_cuda(tiny_model_dir):
-    cuda = HFEngine(tiny_model_dir, device="cuda", dtype="bfloat16", batch_size=32, eos_token_ids=[EOS_ID], pad_token_id=PAD_ID)
+    from rlpipe.engines.logprobs import batched_completion_logprobs
+
+    cuda = HFEngine(
+        tiny_model_dir, device="cuda", dtype="bfloat16", batch_size=32, eos_token_ids=[EOS_ID], pad_token_id=PAD_ID
+    )
     requests = _requests(10, seed=8, n=4)
-    params = SamplingParams(temperature=1.0, top_p=0.95, top_k=0, max_new_tokens=16)
+    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=16)
     first, second = cuda.generate(requests, params), cuda.generate(requests, params)
     assert [[c.token_ids for c in g] for g in first] == [[c.token_ids for c in g] for g in second]
-    for group in first:
-        for c in group:
-            assert c.finish_reason == ("stop" if c.token_ids[-1] == EOS_ID else "length")
-            assert all(lp <= 0.0 for lp in c.sampler_logprobs)
+    completions = [c for group in first for c in group]
+    for c in completions:
+        assert c.finish_reason == ("stop" if c.token_ids[-1] == EOS_ID else "length")
+        assert all(math.isfinite(lp) and lp <= 0.0 for lp in c.sampler_logprobs)
+    # the trainer's log-probs of the same bf16 weights agree up to bf16 rounding
+    trainer, _ = batched_completion_logprobs(
+        cuda.model,
+        [r.prompt_token_ids for r in requests for _ in range(r.n)],
+        [c.token_ids for c in completions],
+        pad_token_id=PAD_ID,
+        temperature=1.0,
+        max_tokens_per_batch=512,
+        chunk_size=16,
+        with_entropy=False,
+        device="cuda",
+    )
+    gaps = [abs(a - b) for c, t in zip(completions, trainer) for a, b in zip(c.sampler_logprobs, t.tolist())]
+    assert sum(gaps) / len(gaps) < 0.05, max(gaps)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_float32_on_cuda_is_batch_order_independent(tiny_model_dir):
+    def engine_with(batch_size):
+        return HFEngine(
+            tiny_model_dir,
+            device="cuda",
+            dtype="float32",
+            batch_size=batch_size,
+            eos_token_ids=[EOS_ID],
+            pad_token_id=PAD_ID,
+        )
+
+    requests = _requests(12, seed=9, n=4)
+    together = engine_with(64).generate(requests, SAMPLE)
+    shuffled = engine_with(5).generate(list(reversed(requests)), SAMPLE)[::-1]
+    for request, group, other in zip(requests, together, shuffled):
+        _assert_same_samples(other, group)
+        _assert_same_samples(engine_with(3).generate([request], SAMPLE)[0], group)

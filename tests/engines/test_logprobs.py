@@ -129,6 +129,38 @@ def test_gradient_matches_naive(tiny_model):
     assert any(g.abs().sum() > 0 for g in grads)
 
 
+def test_backward_keeps_no_per_chunk_logits():
+    """With grad, each chunk's [chunk, V] logits are recomputed in backward rather than kept alive."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab = 48  # unlike the hidden size (32), so saved logits and saved hidden states can be told apart
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    prompts, completions = _random_pairs(seed=7, count=6)
+    batch = make_token_batch(prompts, completions, pad_token_id=PAD_ID)
+    saved_shapes = []
+
+    def pack(tensor):
+        saved_shapes.append(tuple(tensor.shape))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        logprobs_BC, entropy_BC = completion_logprobs(
+            model, batch, temperature=1.0, chunk_size=5, with_entropy=True
+        )
+    (logprobs_BC.sum() + entropy_BC.sum()).backward()
+    assert model.get_output_embeddings().weight.grad is not None
+    assert saved_shapes and not [shape for shape in saved_shapes if vocab in shape[1:]]
+
+
 def test_rows_independent_of_batch_composition_and_padding(tiny_model):
     prompts, completions = _random_pairs(seed=4, count=8)
     # A very long companion adds lots of right padding to every other row.
@@ -139,7 +171,9 @@ def test_rows_independent_of_batch_composition_and_padding(tiny_model):
         c = [completions[i] for i in indices] + ([long_completion] if with_long else [])
         batch = make_token_batch(p, c, pad_token_id=PAD_ID)
         with torch.no_grad():
-            logprobs_BC, _ = completion_logprobs(tiny_model, batch, temperature=1.0, chunk_size=5, with_entropy=False)
+            logprobs_BC, _ = completion_logprobs(
+                tiny_model, batch, temperature=1.0, chunk_size=5, with_entropy=False
+            )
         return dict(zip(indices, unpad(logprobs_BC, batch.completion_lengths)))
 
     alone = {i: rows([i], with_long=False)[i] for i in range(8)}

@@ -1,0 +1,71 @@
+"""The advantage stage's table: group statistics, broadcast token advantages, DAPO filters (hand-computed)."""
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from rlpipe.advantage import compute_advantages
+from rlpipe.config import AdvantageConfig
+from rlpipe.io import validate_frame
+from rlpipe.schema import ADVANTAGES
+
+
+def cfg(**over):
+    base = dict(estimator="grpo", std_mode="sample", eps=1e-6, drop_zero_variance_groups=False, drop_truncated=False)
+    return AdvantageConfig(**{**base, **over})
+
+
+def rows():
+    # group 7: rewards [1.0, 0.8, 0.4, 0.2] (ALGORITHMS.md worked example); group 9: all equal; group 11: singleton
+    return pl.DataFrame({
+        "prompt_id": [7, 7, 7, 7, 9, 9, 11],
+        "sample_idx": pl.Series([0, 1, 2, 3, 0, 1, 0], dtype=pl.Int32),
+        "reward": [1.0, 0.8, 0.4, 0.2, 0.5, 0.5, 1.0],
+        "completion_length": pl.Series([2, 3, 1, 2, 1, 1, 2], dtype=pl.Int32),
+        "truncated": [False, True, False, False, False, False, False],
+    })
+
+
+def test_grpo_sample_std_table():
+    frame, metrics = compute_advantages(rows(), cfg())
+    validate_frame(frame.cast(dict(ADVANTAGES.polars_schema())), ADVANTAGES)
+    # mean 0.6; sample std = sqrt((0.16+0.04+0.04+0.16)/3) = sqrt(0.13333) = 0.36515
+    std = math.sqrt(0.4 / 3)
+    expected = [(r - 0.6) / (std + 1e-6) for r in (1.0, 0.8, 0.4, 0.2)]
+    adv = frame["advantage"].to_list()
+    assert adv[:4] == pytest.approx(expected, abs=1e-6)
+    assert adv[:4] == pytest.approx([1.0954, 0.5477, -0.5477, -1.0954], abs=1e-4)
+    assert adv[4:] == [0.0, 0.0, 0.0]  # zero-variance group and singleton: no signal, no invented baseline
+    assert frame["token_advantages"][1].to_list() == pytest.approx([expected[1]] * 3, abs=1e-6)
+    assert frame["group_size"].to_list() == [4, 4, 4, 4, 2, 2, 1]
+    assert frame["group_reward_mean"][0] == pytest.approx(0.6)
+    assert frame["group_reward_std"][0] == pytest.approx(std)
+    assert frame["group_reward_std"][6] == 0.0
+    assert frame["filtered_reason"].null_count() == 7
+    assert metrics["zero_variance_groups"] == 1 and metrics["singleton_groups"] == 1
+    assert metrics["num_trained"] == 7
+
+
+def test_population_std_convention():
+    frame, _ = compute_advantages(rows(), cfg(std_mode="population"))
+    # population std = sqrt(0.4 / 4) = 0.31623 -> [+1.26, +0.63, -0.63, -1.26]
+    assert frame["advantage"].to_list()[:4] == pytest.approx([1.2649, 0.6325, -0.6325, -1.2649], abs=1e-4)
+    assert frame["group_reward_std"][0] == pytest.approx(math.sqrt(0.1))
+
+
+def test_dapo_filters_mark_rows_instead_of_dropping_them():
+    frame, metrics = compute_advantages(rows(), cfg(drop_zero_variance_groups=True, drop_truncated=True))
+    assert frame["filtered_reason"].to_list() == [None, "truncated", None, None, "zero_variance_group",
+                                                  "zero_variance_group", "zero_variance_group"]
+    assert metrics["num_trained"] == 3
+    assert metrics["filtered"] == {"zero_variance_group": 3, "truncated": 1}
+
+
+def test_dr_grpo_and_rloo_by_name():
+    dr, _ = compute_advantages(rows(), cfg(estimator="dr_grpo"))
+    assert dr["advantage"].to_list()[:4] == pytest.approx([0.4, 0.2, -0.2, -0.4])
+    rloo, _ = compute_advantages(rows(), cfg(estimator="rloo"))
+    # A_0 = 1.0 - (0.8 + 0.4 + 0.2) / 3 = 0.5333
+    assert rloo["advantage"][0] == pytest.approx(1.0 - 1.4 / 3)
+    assert np.isfinite(rloo["advantage"].to_numpy()).all()

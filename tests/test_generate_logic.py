@@ -1,0 +1,33 @@
+"""Prompt selection and the rollout table built from engine results."""
+import polars as pl
+
+from rlpipe.engines.base import Completion, PromptRequest, derive_seed
+from rlpipe.generate import rollout_frame, sample_seed, select_prompts
+from rlpipe.io import validate_frame
+from rlpipe.schema import ROLLOUTS
+
+
+def prompts(n):
+    return pl.DataFrame({"prompt_id": pl.Series(range(n), dtype=pl.Int64), "prompt_token_ids": [[1, 2]] * n})
+
+
+def test_selection_is_seeded_per_iteration_and_order_free():
+    table = prompts(100)
+    a = select_prompts(table, count=10, seed=5, iteration=0)["prompt_id"].to_list()
+    assert a == select_prompts(table.reverse(), count=10, seed=5, iteration=0)["prompt_id"].to_list()
+    assert len(set(a)) == 10 and a == sorted(a)
+    b = select_prompts(table, count=10, seed=5, iteration=1)["prompt_id"].to_list()
+    assert a != b
+    assert select_prompts(table, count=0, seed=5, iteration=0).height == 100
+
+
+def test_rollout_frame_matches_schema_and_seeds():
+    table = prompts(2)
+    reqs = [PromptRequest(prompt_token_ids=(1, 2), seed=sample_seed(1, 0, pid), n=2) for pid in (0, 1)]
+    results = [[Completion([5, 2], [-0.5, -0.1], "stop"), Completion([5, 6, 7], [-1.0, -2.0, -3.0], "length")]] * 2
+    frame = rollout_frame(table, reqs, results, iteration=3, decode=lambda ids: "".join(map(str, ids)))
+    frame = validate_frame(frame.select(ROLLOUTS.column_names), ROLLOUTS)
+    assert frame["completion_text"].to_list() == ["52", "567", "52", "567"]
+    assert frame["truncated"].to_list() == [False, True, False, True]
+    assert frame["policy_version"].unique().to_list() == [3]
+    assert frame["sample_seed"][1] == derive_seed(sample_seed(1, 0, 0), 1)
