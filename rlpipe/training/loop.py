@@ -158,7 +158,7 @@ def _optimizer_step(model, optimizer, data, minibatch, cfg, *, temperature, pad_
                                         total_tokens=total_tokens, total_sequences=total_sequences,
                                         max_length=max_length)
         if not torch.isfinite(loss):
-            raise TrainingError(f"non-finite loss ({float(loss)}) at epoch {epoch}, optimizer step {step}; "
+            raise TrainingError(f"non-finite loss ({float(loss.detach())}) at epoch {epoch}, optimizer step {step}; "
                                 "no checkpoint was written (check rewards and advantages for NaN/inf)")
         loss.backward()
         loss_sum += float(loss.detach())
