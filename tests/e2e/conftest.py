@@ -63,14 +63,14 @@ def edit_params(path: Path, updates: dict[str, object]) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
-def make_project(dest: Path, updates: dict[str, object] | None = None) -> Path:
-    """Copy the project's files into ``dest`` as a fresh git repo with DVC, params shrunk."""
+def make_project(dest: Path, updates: dict[str, object] | None = None, *, shrink: bool = True) -> Path:
+    """Copy the project's files into ``dest`` as a fresh git repo with DVC (params shrunk unless ``shrink=False``)."""
     for rel in tracked_files():
         src = REPO / rel
         if src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
-    edit_params(dest / "params.yaml", {**SMALL, **(updates or {})})
+    edit_params(dest / "params.yaml", {**(SMALL if shrink else {}), **(updates or {})})
     run(["git", "init", "-q"], dest)
     run(["git", "add", "-A"], dest)
     run(["git", "commit", "-qm", "project"], dest)
