@@ -188,3 +188,18 @@ def test_clean_copy_reproduces_identical_prepare_outputs(reproduced, tmp_path):
     for rel in ("artifacts/prepare/model/model.safetensors", "artifacts/prepare/train_prompts.parquet",
                 "artifacts/prepare/eval_prompts.parquet"):
         assert (dest / rel).read_bytes() == (reproduced / rel).read_bytes(), rel
+
+
+def test_run_command_runs_n_iterations_and_resumes(project_copy):
+    root = project_copy
+    out = run(["rlpipe", "run", "--iterations", "2"], root).stdout
+    assert "iteration 0:" in out and "iteration 1:" in out  # iteration 0 was already reproduced: only iterate
+    history = [json.loads(x) for x in (root / "history/iterations.jsonl").read_text().splitlines()]
+    assert [h["iteration"] for h in history] == [0, 1]
+    assert all(0.0 <= h["eval_accuracy"] <= 1.0 for h in history)
+    tags = run(["git", "tag"], root).stdout.split()
+    assert tags == ["iteration-0", "iteration-1"]
+    from rlpipe.config import load_params
+
+    assert load_params(root / "params.yaml").iteration == 2
+    assert json.loads((root / "state/policy/rlpipe.json").read_text()) == {"policy_version": 2}

@@ -216,3 +216,17 @@ def test_prepare_rejects_bad_prompt_files(ws, rows, params, needle):
     code, out = prepare_files(ws, rows, **params)
     assert code == 2 and needle in out, out
     assert not (ws / "out/train.parquet").exists()
+
+
+def test_prepare_applies_the_chat_template(ws):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(ws / "artifacts/prepare/model"))
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}={% endfor %}"
+    tok.save_pretrained(str(ws / "tok"))
+    code, out = prepare_files(ws, [{"prompt": "12+30", "answer": "42"}],
+                              **{"prepare.files.tokenizer_path": str(ws / "tok")})
+    assert code == 0, out
+    frame = read_artifact(ws / "out/train.parquet", PROMPTS).frame
+    assert frame["prompt"].to_list() == ["12+30="]
+    assert frame["prompt_token_ids"][0].len() == 6  # template output tokenized without an extra <bos>
