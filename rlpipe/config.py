@@ -55,6 +55,7 @@ class TinyTaskConfig:
     num_train: int
     num_eval: int
     num_digits: int  # operands drawn from 0 .. 10**num_digits - 1
+    carry_bug_rate: float  # share of warm-start answers that drop every carry (a stand-in for flawed SFT data)
     hidden_size: int
     num_layers: int
     num_heads: int

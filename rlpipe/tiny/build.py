@@ -8,13 +8,13 @@ from rlpipe.config import TinyTaskConfig
 from rlpipe.engines.base import derive_seed
 from rlpipe.models import save_checkpoint
 from rlpipe.tiny.model import build_tiny_llama, count_parameters
-from rlpipe.tiny.task import TASK_ALPHABET, make_task_rows
+from rlpipe.tiny.task import TASK_ALPHABET, make_task_rows, with_carry_bugs
 from rlpipe.tiny.tokenizer import build_char_tokenizer
 from rlpipe.tiny.warmstart import greedy_accuracy, warm_start
 
 # Seed domains, so that the task, the initial weights and the warm-start batches draw from
 # independent streams of the one params seed.
-TASK_STREAM, MODEL_STREAM, WARMSTART_STREAM = 11, 12, 13
+TASK_STREAM, MODEL_STREAM, WARMSTART_STREAM, CARRY_BUG_STREAM = 11, 12, 13, 14
 
 
 def build_tiny_default(cfg: TinyTaskConfig, *, seed: int, model_dir: str) -> tuple[Any, list, list, dict]:
@@ -27,7 +27,10 @@ def build_tiny_default(cfg: TinyTaskConfig, *, seed: int, model_dir: str) -> tup
                              num_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
                              max_position_embeddings=cfg.max_position_embeddings,
                              seed=derive_seed(seed, MODEL_STREAM))
-    ws = warm_start(model, tokenizer, train_rows, steps=cfg.warmstart_steps, batch_size=cfg.warmstart_batch_size,
+    # The warm start learns from flawed labels (some answers drop their carries); the prompt tables,
+    # rewards and evaluation always use the true answers. See rlpipe/tiny/task.py: with_carry_bugs.
+    sft_rows = with_carry_bugs(train_rows, rate=cfg.carry_bug_rate, seed=derive_seed(seed, CARRY_BUG_STREAM))
+    ws = warm_start(model, tokenizer, sft_rows, steps=cfg.warmstart_steps, batch_size=cfg.warmstart_batch_size,
                     lr=cfg.warmstart_lr, seed=derive_seed(seed, WARMSTART_STREAM))
     answer_tokens = cfg.num_digits + 2  # the longest sum plus <eos>
     metrics = {
@@ -35,6 +38,7 @@ def build_tiny_default(cfg: TinyTaskConfig, *, seed: int, model_dir: str) -> tup
         "warmstart_loss_first": ws["loss_first"],
         "warmstart_loss_last": ws["loss_last"],
         "warmstart_epochs": ws["epochs"],
+        "warmstart_flawed_answers": sum(a["answer"] != b["answer"] for a, b in zip(sft_rows, train_rows)),
         "warmstart_eval_accuracy": greedy_accuracy(model, tokenizer, eval_rows, max_new_tokens=answer_tokens),
         "build_seconds": round(time.perf_counter() - started, 3),
     }

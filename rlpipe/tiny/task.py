@@ -5,10 +5,13 @@ rewarded for) is the answer followed by <eos>. Rewards read the last number of a
 compare it with ``answer`` (exact match), or count the digits that match right-aligned (partial
 credit), so a row needs nothing but these two strings.
 
-Why addition: the answer is checkable by a one-line rule, the difficulty is one knob
-(``num_digits``), and a model of about a million parameters learns it in a minute of CPU time,
-while a short warm start leaves it right on only part of the prompts (see
-``benchmarks/tiny_learnability.py`` for the measurements behind the defaults).
+Why addition: the answer is checkable by a one-line rule and a 0.5M-parameter model learns
+two-digit addition in about a minute of CPU time. Difficulty has two knobs: ``num_digits`` and,
+for the warm-start data only, the share of answers that forget their carries
+(``with_carry_bugs``), which sets how often greedy decoding is wrong while sampling still finds
+the right answer. Plain formats (most significant digit first, no zero padding) were kept: writing
+the answer reversed did not speed up learning in our measurements (``benchmarks/tiny_learnability.py``
+holds the measurements behind the defaults).
 """
 from __future__ import annotations
 
@@ -83,3 +86,40 @@ def extract_last_number(text: str) -> str | None:
 def is_correct(completion: str, answer: str) -> bool:
     """Exact match of the completion's last number with the answer (the task's success rule)."""
     return extract_last_number(completion) == answer
+
+
+def carry_free_sum(a: int, b: int) -> int:
+    """Digit-wise sum mod 10, the "forgot to carry" mistake.
+
+    >>> carry_free_sum(47, 85)
+    22
+    """
+    result, scale = 0, 1
+    while a or b:
+        result += ((a % 10 + b % 10) % 10) * scale
+        a, b, scale = a // 10, b // 10, scale * 10
+    return result
+
+
+def with_carry_bugs(rows: list[dict[str, str]], *, rate: float, seed: int) -> list[dict[str, str]]:
+    """Copies of ``rows`` where a seeded ``rate`` of answers forgot every carry (warm-start data).
+
+    Why: a warm start stopped early leaves a model in the middle of learning addition, and GRPO
+    measured on such a model moved greedy accuracy by nothing (benchmarks/tiny_learnability.py).
+    Training on answers that drop carries some of the time instead gives a model that knows
+    addition yet prefers the wrong answer whenever a carry occurs: greedy decoding is right only
+    on carry-free prompts, while sampling still finds the right answer on the others, which is
+    exactly the within-group reward variance GRPO needs. ``rate`` sets the mix.
+    Rows whose prompt has no carry are unchanged by construction.
+    """
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"rate must be in [0, 1], got {rate}")
+    rng = np.random.default_rng(seed)
+    buggy = rng.random(len(rows)) < rate
+    out = []
+    for row, bug in zip(rows, buggy):
+        if bug:
+            a, b = (int(x) for x in row["prompt"].rstrip("=").split("+"))
+            row = {**row, "answer": str(carry_free_sum(a, b))}
+        out.append(dict(row))
+    return out
