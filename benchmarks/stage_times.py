@@ -5,8 +5,9 @@ Usage (from the repo root, in the project's environment):
 
 It copies the project into a temp dir, runs `dvc repro` once (so every input exists), then runs
 each stage's own command (as written in dvc.yaml, without DVC) `--repeats` times and reports the
-median of: the process wall time; inside the process, import time, read (Parquet + model load),
-compute and write phases (from the stage's metrics JSON). "fixed" = wall - compute: the share
+median of: the process wall time; inside the process, imports (torch, transformers, polars),
+setup (params, torch settings), read (Parquet + model load), compute and write phases (from the
+stage's metrics JSON); "interpreter start" is the wall time before the stage script's first line. "fixed" = wall - compute: the share
 spent on interpreter start, imports and I/O rather than on the stage's real work.
 """
 from __future__ import annotations
@@ -57,16 +58,19 @@ def main() -> None:
                 subprocess.run(cmds[name], shell=True, cwd=root, env=env(), check=True, capture_output=True)
                 walls.append(time.perf_counter() - t0)
                 phases.append(json.loads((root / "metrics" / f"{name}.json").read_text())["seconds"])
-            med = {k: statistics.median(p.get(k, 0.0) for p in phases) for k in ("imports", "read", "compute", "write")}
+            med = {k: statistics.median(p.get(k, 0.0) for p in phases)
+                   for k in ("imports", "setup", "read", "compute", "write", "total")}
             wall = statistics.median(walls)
             rows.append({"stage": name, "wall_s": round(wall, 2), **{f"{k}_s": round(v, 2) for k, v in med.items()},
                          "fixed_share": round((wall - med["compute"]) / wall, 3)})
         total = sum(r["wall_s"] for r in rows)
-        print("| stage | wall s | imports s | read s | compute s | write s | fixed share |")
-        print("|---|---|---|---|---|---|---|")
+        print("| stage | process wall s | interpreter start | imports | setup | read | compute | write "
+              "| fixed share |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['stage']} | {r['wall_s']} | {r['imports_s']} | {r['read_s']} | {r['compute_s']} | "
-                  f"{r['write_s']} | {r['fixed_share']:.0%} |")
+            start = r["wall_s"] - r["total_s"]  # before the first line of the stage script ran
+            print(f"| {r['stage']} | {r['wall_s']:.2f} | {start:.2f} | {r['imports_s']:.2f} | {r['setup_s']:.2f} | "
+                  f"{r['read_s']:.2f} | {r['compute_s']:.2f} | {r['write_s']:.2f} | {r['fixed_share']:.0%} |")
         it = sum(r["wall_s"] for r in rows if r["stage"] != "prepare")
         print(f"\ntotal {total:.1f} s; one iteration after prepare: {it:.1f} s")
         if args.out:

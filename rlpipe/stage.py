@@ -4,17 +4,18 @@ Kept free of torch so that the CPU-only stages (score, advantage) start in well 
 """
 from __future__ import annotations
 
-import functools
-import sys
 import time
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Callable, Iterator
 
-from rlpipe.errors import RlpipeError
-from rlpipe.io import write_json
+PROCESS_START = time.perf_counter()  # stage scripts import this module first: ~ the start of the process
 
-PROCESS_START = time.perf_counter()  # first import of rlpipe ~ process start (stage scripts import it first)
+import functools  # noqa: E402
+import sys  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Callable, Iterator  # noqa: E402
+
+from rlpipe.errors import RlpipeError  # noqa: E402
+from rlpipe.io import write_json  # noqa: E402
 
 
 class PhaseTimer:

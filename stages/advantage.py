@@ -23,7 +23,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
          out: str = typer.Option(..., help="advantage table to write"),
          metrics: str = typer.Option(..., help="metrics JSON to write")) -> None:
     timer = stage.PhaseTimer()
-    cfg = load_params(params).advantage
+    with timer.phase("setup"):
+        cfg = load_params(params).advantage
     with timer.phase("read"):
         roll = read_artifact(rollouts, ROLLOUTS)
         rows = join_on_keys(roll, read_artifact(scores, SCORES), columns=["reward"])

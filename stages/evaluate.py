@@ -24,9 +24,10 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
          out: str = typer.Option(..., help="eval rollout table to write"),
          metrics: str = typer.Option(..., help="metrics JSON to write")) -> None:
     timer = stage.PhaseTimer()
-    p = load_params(params)
-    cfg = p.evaluate
-    setup_torch(p.torch_threads, 0)
+    with timer.phase("setup"):
+        p = load_params(params)
+        cfg = p.evaluate
+        setup_torch(p.torch_threads, 0)
     with timer.phase("read"):
         table = read_artifact(prompts, PROMPTS).frame
         tokenizer = load_tokenizer(policy)

@@ -25,13 +25,14 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
          out: str = typer.Option(..., help="rollout table to write"),
          metrics: str = typer.Option(..., help="metrics JSON to write")) -> None:
     timer = stage.PhaseTimer()
-    p = load_params(params)
-    cfg = p.generate
-    setup_torch(p.torch_threads, p.seed)
-    version = read_policy_version(policy)
-    if version is not None and version != p.iteration:
-        raise ArtifactError(f"{policy}: holds policy version {version} but params iteration is {p.iteration}; "
-                            "run `rlpipe iterate` to advance, or fix policy.path")
+    with timer.phase("setup"):
+        p = load_params(params)
+        cfg = p.generate
+        setup_torch(p.torch_threads, p.seed)
+        version = read_policy_version(policy)
+        if version is not None and version != p.iteration:
+            raise ArtifactError(f"{policy}: holds policy version {version} but params iteration is {p.iteration}; "
+                                "run `rlpipe iterate` to advance, or fix policy.path")
     with timer.phase("read"):
         table = select_prompts(read_artifact(prompts, PROMPTS).frame, count=cfg.prompts_per_iteration,
                                seed=p.seed, iteration=p.iteration)

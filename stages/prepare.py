@@ -29,9 +29,10 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
          eval_prompts: str = typer.Option(..., help="held-out prompt table to write"),
          metrics: str = typer.Option(..., help="metrics JSON to write")) -> None:
     timer = stage.PhaseTimer()
-    p = load_params(params)
-    cfg = p.prepare
-    setup_torch(p.torch_threads, p.seed)
+    with timer.phase("setup"):
+        p = load_params(params)
+        cfg = p.prepare
+        setup_torch(p.torch_threads, p.seed)
     m: dict = {"source": cfg.source}
     if cfg.source == "tiny":
         from rlpipe.tiny.build import build_tiny_default

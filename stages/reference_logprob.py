@@ -24,9 +24,10 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
          out: str = typer.Option(..., help="reference log-prob table to write"),
          metrics: str = typer.Option(..., help="metrics JSON to write")) -> None:
     timer = stage.PhaseTimer()
-    p = load_params(params)
-    cfg = p.reference_logprob
-    setup_torch(p.torch_threads, 0)
+    with timer.phase("setup"):
+        p = load_params(params)
+        cfg = p.reference_logprob
+        setup_torch(p.torch_threads, 0)
     with timer.phase("read"):
         roll = read_artifact(rollouts, ROLLOUTS)
         pad_id = load_tokenizer(reference).pad_token_id

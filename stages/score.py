@@ -24,7 +24,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
          out: str = typer.Option(..., help="score table to write"),
          metrics: str = typer.Option(..., help="metrics JSON to write")) -> None:
     timer = stage.PhaseTimer()
-    cfg = load_params(params).score
+    with timer.phase("setup"):
+        cfg = load_params(params).score
     with timer.phase("read"):
         roll = read_artifact(rollouts, ROLLOUTS)
         prompt_table = read_artifact(prompts, PROMPTS).frame

@@ -32,9 +32,10 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
          metrics: str = typer.Option(..., help="metrics JSON to write"),
          steps: str = typer.Option(..., help="per-optimizer-step CSV to write (DVC plots)")) -> None:
     timer = stage.PhaseTimer()
-    p = load_params(params)
-    cfg = p.train
-    setup_torch(p.torch_threads, p.seed)
+    with timer.phase("setup"):
+        p = load_params(params)
+        cfg = p.train
+        setup_torch(p.torch_threads, p.seed)
     with timer.phase("read"):
         roll = read_artifact(rollouts, ROLLOUTS)
         check_policy_version(roll, expected=p.iteration, policy_dir=policy, stored=read_policy_version(policy))

@@ -57,7 +57,7 @@ def test_repo_params_load():
     assert p.prepare.files.answer_column == "answer"
     assert p.generate.group_size == 8 and p.generate.temperature == 1.0
     assert p.train.dual_clip_c is None
-    assert p.train.lr == pytest.approx(3e-4) and isinstance(p.train.lr, float)
+    assert p.train.lr == pytest.approx(1e-4) and isinstance(p.train.lr, float)
     assert p.advantage.eps == pytest.approx(1e-6) and isinstance(p.advantage.eps, float)
     assert p.train.minibatch_size >= p.train.micro_batch_size
 
@@ -183,9 +183,9 @@ def test_int_is_accepted_for_float_and_stored_as_float(tmp_path, data):
 def test_yaml_exponent_without_a_dot_is_a_string_and_rejected(tmp_path):
     """PyYAML (YAML 1.1) reads `3e-4` as the string '3e-4'; the loader must say so, not crash later."""
     text = PARAMS.read_text()
-    assert "  lr: 3.0e-4\n" in text
+    assert "  lr: 1.0e-4\n" in text
     path = tmp_path / "params.yaml"
-    path.write_text(text.replace("  lr: 3.0e-4\n", "  lr: 3e-4\n"))
+    path.write_text(text.replace("  lr: 1.0e-4\n", "  lr: 3e-4\n"))
     assert config_error(path).endswith(": train.lr: expected a number, got '3e-4'")
 
 

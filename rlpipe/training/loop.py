@@ -63,10 +63,12 @@ def _autocast(cfg: TrainConfig):
 
 def _all_logprobs(model, data: TrainingData, cfg: TrainConfig, *, temperature: float, pad_token_id: int,
                   with_entropy: bool):
+    """No-grad log-probs of every sequence, in batches no larger than a training micro-batch."""
+    longest = max((len(p) + len(c) for p, c in zip(data.prompt_token_ids, data.completion_token_ids)), default=1)
     with _autocast(cfg):
         return batched_completion_logprobs(
             model, data.prompt_token_ids, data.completion_token_ids, pad_token_id=pad_token_id,
-            temperature=temperature, max_tokens_per_batch=cfg.micro_batch_size * 256, chunk_size=cfg.chunk_size,
+            temperature=temperature, max_tokens_per_batch=cfg.micro_batch_size * longest, chunk_size=cfg.chunk_size,
             with_entropy=with_entropy, device=cfg.device)
 
 
