@@ -9,6 +9,7 @@ import time
 PROCESS_START = time.perf_counter()  # stage scripts import this module first: ~ the start of the process
 
 import functools  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -67,3 +68,19 @@ def summary_line(stage: str, **fields: Any) -> None:
     """One line per stage at the end: what it did and how long it took."""
     parts = " ".join(f"{k}={v}" for k, v in fields.items())
     print(f"rlpipe {stage}: {parts}", file=sys.stderr)
+
+
+def run(app: Callable[[], None]) -> None:
+    """Run a stage's CLI app, then exit without Python's tear-down of torch (about 1 s a stage).
+
+    Every output is already complete on disk (atomic renames) when the app returns, so skipping
+    the interpreter's module clean-up loses nothing but time.
+    """
+    try:
+        app()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -60,4 +60,4 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
 
 
 if __name__ == "__main__":
-    app()
+    stage.run(app)
