@@ -53,27 +53,73 @@ def sampling_params(cfg: GenerateConfig) -> SamplingParams:
                           max_new_tokens=cfg.max_new_tokens)
 
 
-def make_engine(cfg: GenerateConfig, *, model: Any, eos_token_ids: list[int], pad_token_id: int) -> GenerationEngine:
-    """The generation engine named by ``generate.engine``, wrapping an already loaded model."""
-    if cfg.engine == "hf":
-        from rlpipe.engines.hf import HFEngine
+ENGINES = ("hf", "vllm")
 
+
+def choose_engine(cfg: GenerateConfig) -> str:
+    """The engine ``generate.engine`` names; ``auto``: vllm when ``generate.device`` is CUDA, a GPU is
+    visible and vllm imports, else hf.
+
+    Neither check initialises CUDA (``torch.cuda.is_available`` counts devices without creating a
+    context), so vLLM can still start its workers in this process afterwards.
+    """
+    if cfg.engine != "auto":
+        return cfg.engine
+    if not cfg.device.startswith("cuda"):
+        return "hf"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "hf"
+    from rlpipe.engines.vllm import vllm_available
+
+    return "vllm" if vllm_available() else "hf"
+
+
+def make_engine(cfg: GenerateConfig, *, engine: str, model_dir: str, eos_token_ids: list[int],
+                pad_token_id: int) -> GenerationEngine:
+    """Build engine `engine` ("hf" | "vllm", see `choose_engine`) for the model in `model_dir`.
+
+    hf loads the model here with transformers; vllm loads the weights itself, and must be built before
+    anything in this process initialises CUDA.
+    """
+    if engine == "hf":
+        from rlpipe.engines.hf import HFEngine
+        from rlpipe.models import load_model
+
+        model = load_model(model_dir, device=cfg.device, dtype=cfg.dtype)
         return HFEngine.from_model(model, batch_size=cfg.batch_size, eos_token_ids=eos_token_ids,
                                    pad_token_id=pad_token_id)
-    raise ConfigError(f"generate.engine: unknown engine {cfg.engine!r}; valid: ['hf']")
+    if engine == "vllm":
+        from rlpipe.engines.vllm import VLLM_MIN_TEMPERATURE, VLLMEngine
+
+        if cfg.device != "cuda":
+            raise ConfigError(f"generate.device: the vllm engine runs on the GPUs that CUDA_VISIBLE_DEVICES shows; "
+                              f"set it to 'cuda' (got {cfg.device!r})")
+        if cfg.temperature < VLLM_MIN_TEMPERATURE:
+            raise ConfigError(f"generate.temperature: {cfg.temperature} is below vLLM's smallest temperature "
+                              f"{VLLM_MIN_TEMPERATURE} (vLLM would sample at {VLLM_MIN_TEMPERATURE}); use the hf engine")
+        v = cfg.vllm
+        return VLLMEngine(model_dir, dtype=cfg.dtype, eos_token_ids=eos_token_ids,
+                          tensor_parallel_size=v.tensor_parallel_size, data_parallel_size=v.data_parallel_size,
+                          gpu_memory_utilization=v.gpu_memory_utilization,
+                          enable_prefix_caching=v.enable_prefix_caching, enforce_eager=v.enforce_eager,
+                          max_model_len=v.max_model_len)
+    raise ConfigError(f"generate.engine: unknown engine {engine!r}; valid: {list(ENGINES)}")
 
 
 def generate_rollouts(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: GenerateConfig, seed: int,
-                      iteration: int, decode: Any) -> pl.DataFrame:
+                      iteration: int, decode: Any, progress: Any = None) -> pl.DataFrame:
     """Sample ``cfg.group_size`` completions for every prompt row; return the rollout table.
 
     ``decode`` turns completion token ids into text (the tokenizer's decode without special tokens).
+    ``progress``: optional callback (samples finished per batch), see rlpipe.progress.
     """
     requests = [
         PromptRequest(prompt_token_ids=tuple(ids), seed=sample_seed(seed, iteration, pid), n=cfg.group_size)
         for pid, ids in zip(prompts["prompt_id"].to_list(), prompts["prompt_token_ids"].to_list())
     ]
-    results = engine.generate(requests, sampling_params(cfg))
+    results = engine.generate(requests, sampling_params(cfg), progress=progress)
     return rollout_frame(prompts, requests, results, iteration=iteration, decode=decode)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from rlpipe.errors import ArtifactError
@@ -92,6 +93,32 @@ def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
     if not ids:
         raise ArtifactError("the tokenizer and model define no EOS token; completions could never stop")
     return sorted(ids)
+
+
+def read_model_config(path: str | Path) -> Any:
+    """A model directory's config.json (transformers' AutoConfig), without loading weights."""
+    from transformers import AutoConfig
+
+    p = check_model_dir(path)
+    try:
+        return AutoConfig.from_pretrained(str(p), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"{p}: could not read config.json: {e}") from None
+
+
+def model_eos_token_ids(path: str | Path, tokenizer: Any) -> list[int]:
+    """`eos_token_ids` of a model directory without loading its weights.
+
+    Reads generation_config.json, or derives it from config.json when absent, as `from_pretrained` does.
+    """
+    from transformers import GenerationConfig
+
+    config = read_model_config(path)
+    try:
+        generation = GenerationConfig.from_pretrained(str(path), local_files_only=True)
+    except OSError:
+        generation = GenerationConfig.from_model_config(config)
+    return eos_token_ids(SimpleNamespace(generation_config=generation), tokenizer)
 
 
 def read_policy_version(path: str | Path) -> int | None:

@@ -9,9 +9,12 @@ import typer
 
 from rlpipe.config import load_params
 from rlpipe.errors import ArtifactError
-from rlpipe.generate import check_context, generate_rollouts, make_engine, rollout_metrics, select_prompts
+from rlpipe.generate import (check_context, choose_engine, generate_rollouts, make_engine, rollout_metrics,
+                             select_prompts)
 from rlpipe.io import read_artifact, write_artifact
-from rlpipe.models import eos_token_ids, load_model, load_tokenizer, read_policy_version, setup_torch
+from rlpipe.models import (load_tokenizer, model_eos_token_ids, read_model_config, read_policy_version,
+                           setup_torch)
+from rlpipe.progress import stage_progress
 from rlpipe.schema import PROMPTS, ROLLOUTS
 
 app = typer.Typer(add_completion=False)
@@ -37,14 +40,19 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         table = select_prompts(read_artifact(prompts, PROMPTS).frame, count=cfg.prompts_per_iteration,
                                seed=p.seed, iteration=p.iteration)
         tokenizer = load_tokenizer(policy)
-        model = load_model(policy, device=cfg.device, dtype=cfg.dtype)
         check_context(table, max_new_tokens=cfg.max_new_tokens, source=prompts,
-                      context_length=getattr(model.config, "max_position_embeddings", None))
+                      context_length=getattr(read_model_config(policy), "max_position_embeddings", None))
+        # Loads the weights (hf: here, with transformers; vllm: in its own workers, so CUDA stays
+        # uninitialised in this process until then).
+        engine = make_engine(cfg, engine=choose_engine(cfg), model_dir=policy,
+                             eos_token_ids=model_eos_token_ids(policy, tokenizer), pad_token_id=tokenizer.pad_token_id)
     with timer.phase("compute"):
-        engine = make_engine(cfg, model=model, eos_token_ids=eos_token_ids(model, tokenizer),
-                             pad_token_id=tokenizer.pad_token_id)
-        rollouts = generate_rollouts(engine, table, cfg=cfg, seed=p.seed, iteration=p.iteration,
-                                     decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        with stage_progress("generate", total=table.height * cfg.group_size, unit="samples") as advance:
+            rollouts = generate_rollouts(engine, table, cfg=cfg, seed=p.seed, iteration=p.iteration,
+                                         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                                         progress=advance)
+        if hasattr(engine, "close"):
+            engine.close()  # vllm: stop its worker processes here; stage.run ends with os._exit
     with timer.phase("write"):
         sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
                     "max_new_tokens": cfg.max_new_tokens, "group_size": cfg.group_size}

@@ -3,6 +3,7 @@
 `rlpipe.engines.base` (types, `derive_seed`) imports no torch. The torch-based parts are loaded on
 first use, so `from rlpipe.engines import HFEngine` works without slowing down light imports:
     HFEngine                      rlpipe.engines.hf
+    VLLMEngine                    rlpipe.engines.vllm (imports vllm only when an engine is built)
     TokenBatch, make_token_batch, completion_logprobs, batched_completion_logprobs, unpad
                                   rlpipe.engines.logprobs
 """
@@ -20,6 +21,7 @@ from rlpipe.engines.base import (
 _LAZY = {
     "HFEngine": "rlpipe.engines.hf",
     "load_causal_lm": "rlpipe.engines.hf",
+    "VLLMEngine": "rlpipe.engines.vllm",
     "TokenBatch": "rlpipe.engines.logprobs",
     "make_token_batch": "rlpipe.engines.logprobs",
     "completion_logprobs": "rlpipe.engines.logprobs",

@@ -1,0 +1,386 @@
+"""Generation with vLLM (the optional extra ``rlpipe[vllm]``), behind the same contract as the HF engine.
+
+vLLM loads the weights itself from a model directory and must start in a process that has not
+initialised CUDA (it spawns its own workers): build this engine before anything touches the GPU.
+Nothing here imports vllm or torch at module import, so CPU machines never need vLLM.
+
+What rlpipe asks of vLLM, and why (checked against vLLM 0.26.0's source):
+- One request per prompt with ``n = G`` and ``seed`` = a value derived from ``PromptRequest.seed``.
+  vLLM fans a request out into G child requests and seeds child j with ``seed + j``
+  (``vllm/v1/engine/parallel_sampling.py``); its sampler draws per-request noise from (seed, position)
+  only, so the randomness of a sample does not depend on which other prompts share the batch. The
+  arithmetic can: vLLM's kernels are not bitwise reproducible across runs and batch shapes, and a
+  near-tie can then flip a token (measured in benchmarks/vllm_generate.md: a few samples in a
+  thousand on a random-weight model). The ``sample_seed`` column keeps rlpipe's name for sample j,
+  ``derive_seed(request.seed, j)``; vLLM's own stream for it is ``vllm_seed(request.seed) + j``, a
+  different integer but just as fixed.
+- ``logprobs=0`` returns the sampled token's log-prob only, and the engine runs with
+  ``logprobs_mode="processed_logprobs"``: log_softmax of the logits after temperature and
+  top-k/top-p masking, i.e. the log-prob under the distribution actually sampled from, which is
+  the HF engine's definition (ALGORITHMS.md, 'Sampling truncation'). vLLM's default
+  ``raw_logprobs`` would be log_softmax(logits) with neither temperature nor truncation. For greedy
+  decoding (temperature 0) both modes give the untempered softmax, again as the HF engine does.
+- Temperatures in (0, 0.01) are refused: vLLM raises them to 0.01 with only a warning, which would
+  make the recorded log-probs those of another temperature than the trainer's.
+- ``top_k`` 0 (off in rlpipe) is sent as -1 (off in every vLLM release; 0 is off only from ~0.9).
+  Filter order is the same as rlpipe's: temperature, then top-k, then top-p.
+- EOS: ``stop_token_ids`` = rlpipe's EOS ids, and ``generation_config="vllm"`` so that defaults in
+  the model's generation_config.json never change sampling. vLLM appends the sampled token to the
+  output before checking for a stop, and checks the stop before the length cap, so EOS is the last
+  entry of ``token_ids`` and an EOS that is also the ``max_tokens``-th token ends as "stop", exactly as
+  in the HF engine. The adapter does not rely on it: the finish reason is read off the last token,
+  and an EOS that a vLLM version left out of ``token_ids`` is put back with its log-prob (or the
+  request fails loudly), so every per-token list has one entry per completion token.
+- Prompts go in as token ids (``TokensPrompt``) with ``skip_tokenizer_init=True`` and
+  ``detokenize=False``: rlpipe decodes, vLLM never loads the tokenizer.
+- Data parallelism: vLLM's offline ``LLM`` refuses ``data_parallel_size > 1`` in one process, so rlpipe
+  runs ``data_parallel_size`` independent replicas, each in its own process on its own
+  ``tensor_parallel_size`` GPUs, and splits the prompts between them in contiguous shards. For a
+  dense model this is what vLLM's data parallelism does too; seeds travel with each request, so the
+  split changes no sample beyond that float noise. (Not yet run on several GPUs.)
+
+Usage:
+    with VLLMEngine("models/policy", dtype="bfloat16", eos_token_ids=[151645]) as engine:
+        groups = engine.generate([PromptRequest((1, 2, 3), seed=derive_seed(0, 0, 17), n=8)], params)
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rlpipe.engines.base import Completion, PromptRequest, SamplingParams
+
+# vLLM raises any temperature in (0, _VLLM_MIN_TEMPERATURE) to this value (vllm/sampling_params.py, _MAX_TEMP).
+VLLM_MIN_TEMPERATURE = 1e-2
+# vLLM keeps seeds in int64 and seeds child j with seed + j: stay below 2**62 so that never overflows.
+_VLLM_SEED_BITS = 62
+LOGPROBS_MODE = "processed_logprobs"
+
+
+def vllm_available() -> bool:
+    """True when the vllm package can be imported (imports it: call only where you would use it)."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def vllm_seed(request_seed: int) -> int:
+    """The seed rlpipe gives vLLM for a request: its low 62 bits (vLLM seeds sample j with this + j)."""
+    return request_seed & ((1 << _VLLM_SEED_BITS) - 1)
+
+
+def vllm_sampling_kwargs(params: SamplingParams, *, n: int, seed: int, eos_token_ids: Sequence[int]) -> dict:
+    """Keyword arguments of ``vllm.SamplingParams`` for one request of ``n`` samples."""
+    if 0.0 < params.temperature < VLLM_MIN_TEMPERATURE:
+        raise ValueError(f"temperature {params.temperature} is below vLLM's smallest sampling temperature "
+                         f"{VLLM_MIN_TEMPERATURE} (vLLM would silently use {VLLM_MIN_TEMPERATURE}); use 0 for greedy")
+    return {
+        "n": n,
+        "seed": vllm_seed(seed),
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "max_tokens": params.max_new_tokens,
+        "stop_token_ids": list(eos_token_ids),
+        "logprobs": 0,  # the sampled token's log-prob, nothing else
+        "flat_logprobs": True,  # flat lists instead of a dict per token: far fewer Python objects
+        "detokenize": False,
+    }
+
+
+def sampled_logprobs(output: Any) -> list[float]:
+    """The sampled token's log-prob at every position of a vLLM ``CompletionOutput``.
+
+    Reads both layouts vLLM returns: ``FlatLogprobs`` (flat lists; position i starts at
+    ``start_indices[i]`` with the sampled token, which the sampler always puts first) and the
+    classic list of ``{token_id: Logprob}`` dicts.
+    """
+    logprobs = output.logprobs
+    if logprobs is None:
+        raise RuntimeError("vLLM returned no log-probs: the request must be made with logprobs=0")
+    token_ids = list(output.token_ids)
+    starts = getattr(logprobs, "start_indices", None)
+    if starts is not None:
+        values = [logprobs.logprobs[s] for s in starts]
+        sampled = [logprobs.token_ids[s] for s in starts]
+        if sampled[: len(token_ids)] != token_ids[: len(sampled)]:
+            raise RuntimeError("vLLM's log-prob entries do not start with the sampled tokens")
+        return values
+    return [position[token].logprob for position, token in zip(logprobs, token_ids)]
+
+
+def to_completion(output: Any, *, eos_token_ids: Sequence[int]) -> Completion:
+    """Map one vLLM ``CompletionOutput`` to a ``Completion`` (EOS kept as the last token, one log-prob per token)."""
+    token_ids = [int(t) for t in output.token_ids]
+    logprobs = [float(x) for x in sampled_logprobs(output)]
+    eos = set(eos_token_ids)
+    stop_token = output.stop_reason if isinstance(output.stop_reason, int) else None
+    if output.finish_reason == "stop" and stop_token in eos and (not token_ids or token_ids[-1] != stop_token):
+        # A vLLM that leaves the stop token out of token_ids: put it back; its log-prob must be there.
+        if len(logprobs) != len(token_ids) + 1:
+            raise RuntimeError(f"vLLM stopped on EOS {stop_token} but returned neither the token nor its log-prob")
+        token_ids.append(stop_token)
+    if len(logprobs) != len(token_ids):
+        raise RuntimeError(f"vLLM returned {len(token_ids)} tokens but {len(logprobs)} log-probs")
+    if token_ids and token_ids[-1] in eos:
+        finish_reason = "stop"
+    elif output.finish_reason == "length":
+        finish_reason = "length"
+    else:  # "stop" on something rlpipe did not ask for (a stop string, another EOS), "abort", ...
+        raise RuntimeError(f"vLLM finished a sample with reason {output.finish_reason!r} "
+                           f"(stop_reason {output.stop_reason!r}) and no rlpipe EOS as its last token")
+    return Completion(token_ids=token_ids, sampler_logprobs=logprobs, finish_reason=finish_reason)
+
+
+def run_requests(vllm: Any, llm: Any, requests: Sequence[PromptRequest], params: SamplingParams,
+                 eos_token_ids: Sequence[int]) -> list[list[Completion]]:
+    """Generate on one ``vllm.LLM``: one vLLM request per prompt, results in request and sample order."""
+    if not requests:
+        return []
+    prompts = [vllm.TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
+    sampling = [vllm.SamplingParams(**vllm_sampling_kwargs(params, n=r.n, seed=r.seed, eos_token_ids=eos_token_ids))
+                for r in requests]
+    outputs = llm.generate(prompts, sampling, use_tqdm=False)  # returned in prompt order
+    if len(outputs) != len(requests):
+        raise RuntimeError(f"vLLM returned {len(outputs)} results for {len(requests)} prompts")
+    groups = []
+    for request, out in zip(requests, outputs):
+        samples = sorted(out.outputs, key=lambda o: o.index)
+        if [o.index for o in samples] != list(range(request.n)):
+            raise RuntimeError(f"vLLM returned samples {[o.index for o in samples]}, expected 0..{request.n - 1}")
+        groups.append([to_completion(o, eos_token_ids=eos_token_ids) for o in samples])
+    return groups
+
+
+def shard_bounds(count: int, shards: int) -> list[tuple[int, int]]:
+    """Split range(count) into `shards` contiguous pieces whose sizes differ by at most one."""
+    base, extra = divmod(count, shards)
+    bounds, start = [], 0
+    for i in range(shards):
+        stop = start + base + (i < extra)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def visible_gpu_ids() -> list[str] | None:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (None: not set, all of them)."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return [g.strip() for g in value.split(",") if g.strip()]
+
+
+def replica_gpu_ids(replica: int, tensor_parallel_size: int, visible: list[str] | None) -> list[str]:
+    """GPU ids of data-parallel replica `replica`: the replica-th run of tensor_parallel_size visible GPUs."""
+    start, stop = replica * tensor_parallel_size, (replica + 1) * tensor_parallel_size
+    if visible is None:
+        return [str(i) for i in range(start, stop)]
+    if stop > len(visible):
+        raise ValueError(f"replica {replica} needs GPUs {start}..{stop - 1} but CUDA_VISIBLE_DEVICES names "
+                         f"{len(visible)}: data_parallel_size x tensor_parallel_size must fit the visible GPUs")
+    return visible[start:stop]
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError("the vLLM engine needs the vllm package: pip install 'rlpipe[vllm]' "
+                          "(a vLLM release built for your torch)") from e
+    return vllm
+
+
+class _LocalReplica:
+    """One ``vllm.LLM`` in this process."""
+
+    def __init__(self, llm_kwargs: dict, eos_token_ids: Sequence[int]) -> None:
+        self._vllm = _import_vllm()
+        self._llm = self._vllm.LLM(**llm_kwargs)
+        self._eos = tuple(eos_token_ids)
+        self._result: list[list[Completion]] = []
+
+    def submit(self, requests: Sequence[PromptRequest], params: SamplingParams) -> None:
+        self._result = run_requests(self._vllm, self._llm, requests, params, self._eos)
+
+    def result(self) -> list[list[Completion]]:
+        result, self._result = self._result, []
+        return result
+
+    def close(self) -> None:
+        # Shut vLLM's engine-core process down now rather than at garbage collection, so its GPU memory
+        # is free when this returns (LLM has no public close; llm_engine.engine_core is vLLM's client).
+        engine_core = getattr(getattr(self._llm, "llm_engine", None), "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            engine_core.shutdown()
+        self._llm = None
+
+
+def _replica_main(conn: Any, llm_kwargs: dict, eos_token_ids: tuple[int, ...], gpu_ids: list[str]) -> None:
+    """Body of a data-parallel replica process: own GPUs, own LLM, serve generate calls until told to stop."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)  # before vllm (and CUDA) is imported
+    try:
+        replica = _LocalReplica(llm_kwargs, eos_token_ids)
+        conn.send(("ready", None))
+    except Exception as e:  # noqa: BLE001  report any start failure to the parent, then exit
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    while (message := conn.recv()) is not None:
+        requests, params = message
+        try:
+            replica.submit(requests, params)
+            conn.send(("ok", replica.result()))
+        except Exception as e:  # noqa: BLE001  the parent raises it
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+    replica.close()
+
+
+class _ProcessReplica:
+    """One ``vllm.LLM`` in a child process pinned to `gpu_ids` (data parallelism)."""
+
+    def __init__(self, llm_kwargs: dict, eos_token_ids: Sequence[int], gpu_ids: list[str]) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited CUDA state
+        self._conn, child = ctx.Pipe()
+        # Not a daemon: vLLM starts processes of its own, which daemonic processes may not do.
+        self._process = ctx.Process(target=_replica_main, args=(child, llm_kwargs, tuple(eos_token_ids), gpu_ids))
+        self._process.start()
+        child.close()
+        self.gpu_ids = gpu_ids
+        self._ready = False
+
+    def wait_ready(self) -> None:
+        if not self._ready:
+            self._receive()
+            self._ready = True
+
+    def _receive(self) -> Any:
+        try:
+            kind, payload = self._conn.recv()
+        except EOFError:
+            raise RuntimeError(f"vLLM replica on GPUs {self.gpu_ids} died (exit code {self._process.exitcode})") from None
+        if kind == "error":
+            raise RuntimeError(f"vLLM replica on GPUs {self.gpu_ids}: {payload}")
+        return payload
+
+    def submit(self, requests: Sequence[PromptRequest], params: SamplingParams) -> None:
+        self.wait_ready()
+        self._conn.send((list(requests), params))
+
+    def result(self) -> list[list[Completion]]:
+        return self._receive()
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self._process.join(timeout=60)
+            if self._process.is_alive():
+                self._process.terminate()
+        self._conn.close()
+
+
+class VLLMEngine:
+    """Sampling with vLLM from a model directory; same inputs and outputs as ``HFEngine``.
+
+    model_dir: a ``save_pretrained`` directory (vLLM reads config.json and the safetensors itself).
+    dtype: "bfloat16" | "float16" | "float32"; eos_token_ids: any of these ends a sample (kept as its last token).
+    tensor_parallel_size: GPUs per replica; data_parallel_size: replicas (each in its own process when > 1).
+    gpu_memory_utilization: share of each GPU's memory vLLM may take for weights, activations and KV cache.
+    enable_prefix_caching: reuse the KV cache of shared prompt prefixes.
+    enforce_eager: no CUDA graphs or torch.compile (starts faster, decodes slower).
+    max_model_len: context length vLLM plans for (None: the model's own).
+    seed: vLLM's engine-wide seed; sampling uses each request's own seed, so it only affects vLLM internals.
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        dtype: str,
+        eos_token_ids: Sequence[int],
+        tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.85,
+        enable_prefix_caching: bool = True,
+        enforce_eager: bool = False,
+        max_model_len: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        if len(eos_token_ids) == 0:
+            raise ValueError("eos_token_ids must name at least one token")
+        if tensor_parallel_size < 1 or data_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size and data_parallel_size must be >= 1, "
+                             f"got {tensor_parallel_size} and {data_parallel_size}")
+        self.eos_token_ids = tuple(sorted({int(t) for t in eos_token_ids}))
+        self.llm_kwargs = {
+            "model": str(model_dir),
+            "dtype": dtype,
+            "tensor_parallel_size": tensor_parallel_size,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "enable_prefix_caching": enable_prefix_caching,
+            "enforce_eager": enforce_eager,
+            "max_model_len": max_model_len,
+            "seed": seed,
+            "logprobs_mode": LOGPROBS_MODE,
+            "skip_tokenizer_init": True,
+            "generation_config": "vllm",
+        }
+        self._replicas: list[Any]
+        if data_parallel_size == 1:
+            self._replicas = [_LocalReplica(self.llm_kwargs, self.eos_token_ids)]
+        else:
+            visible = visible_gpu_ids()
+            self._replicas = [
+                _ProcessReplica(self.llm_kwargs, self.eos_token_ids, replica_gpu_ids(i, tensor_parallel_size, visible))
+                for i in range(data_parallel_size)
+            ]
+            try:
+                for replica in self._replicas:  # all load their weights at once; wait for each
+                    replica.wait_ready()
+            except BaseException:
+                self.close()
+                raise
+
+    def generate(
+        self,
+        requests: Sequence[PromptRequest],
+        params: SamplingParams,
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[list[Completion]]:
+        """Sample `request.n` completions per request; results in request order, samples in index order.
+
+        progress: optional callback, called with the number of samples finished as each replica's share comes back.
+        """
+        shards = shard_bounds(len(requests), len(self._replicas))
+        for replica, (start, stop) in zip(self._replicas, shards):
+            replica.submit(requests[start:stop], params)
+        results: list[list[Completion]] = []
+        for replica in self._replicas:
+            groups = replica.result()
+            results.extend(groups)
+            if progress is not None:
+                progress(sum(len(g) for g in groups))
+        return results
+
+    def close(self) -> None:
+        """Stop the replicas (child processes) and drop the LLMs; the engine is unusable afterwards."""
+        for replica in self._replicas:
+            replica.close()
+        self._replicas = []
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
