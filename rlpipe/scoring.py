@@ -3,18 +3,26 @@
 A reward function that raises on one row marks that row (``score_error``, fallback reward) rather
 than killing a stage that may have scored a million rows; only when more than
 ``max_error_fraction`` of rows failed does the stage stop, since then the reward itself is broken.
+
+With ``workers > 1`` a thread pool scores several rows at once (worth it when a reward waits on
+a subprocess, as `code_tests` does); rows are still assembled in input order, so the table and
+metrics are the same for any worker count. Rewards run from several threads must be thread-safe
+(the built-in ones are pure functions).
 """
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Iterator
 
 import polars as pl
 
 from rlpipe.config import RewardEntry, ScoreConfig
 from rlpipe.errors import ConfigError, ScoringError
 from rlpipe.rewards.functions import Sample
-from rlpipe.rewards.registry import RewardSpec, component_columns, prepare_rewards, score_sample
+from rlpipe.rewards.registry import RewardSpec, component_columns, prepare_rewards, score_sample_details
 
 
 def reward_specs(entries: tuple[RewardEntry, ...]) -> list[RewardSpec]:
@@ -35,31 +43,36 @@ def load_reward_functions(cfg: ScoreConfig) -> tuple[list[RewardSpec], list[Any]
     return specs, fns, columns
 
 
-def score_rows(rows: pl.DataFrame, cfg: ScoreConfig) -> tuple[pl.DataFrame, dict[str, Any]]:
+def score_rows(rows: pl.DataFrame, cfg: ScoreConfig, *, progress: Any = None) -> tuple[pl.DataFrame, dict[str, Any]]:
     """Score rows holding prompt, completion_text, answer, metadata, completion_length, truncated.
 
     Returns the key columns plus reward, correct, score_error and one ``reward_<name>`` column per
-    component, and metrics (means per component, error counts by exception type).
+    component, and metrics (means per component, error counts by exception type, and per component
+    the counts of the detail labels its `RewardResult`s carried, e.g. code_tests' failure kinds).
+    ``progress``: optional callback, called with 1 per row (see rlpipe.progress).
     """
     specs, fns, columns = load_reward_functions(cfg)
     out: dict[str, list] = {"reward": [], "correct": [], "score_error": []}
     out.update({col: [] for col in columns.values()})
     errors_by_kind: dict[str, int] = {}
-    for row in rows.iter_rows(named=True):
-        sample = Sample(prompt=row["prompt"], completion=row["completion_text"], answer=row["answer"],
-                        metadata=json.loads(row["metadata"]) if row["metadata"] else {},
-                        completion_tokens=row["completion_length"], truncated=row["truncated"])
-        try:
-            components, total = score_sample(sample, specs, fns)
-        except Exception as e:  # noqa: BLE001 - any failure of user code is a per-row error
-            kind = type(e).__name__
+    details: dict[str, dict[str, int]] = {}
+    score_one = functools.partial(_score_row, specs=specs, fns=fns)
+    for result in _ordered_map(score_one, rows.iter_rows(named=True), cfg.workers):
+        if progress is not None:
+            progress(1)
+        if isinstance(result, Exception):  # a reward raised on this row
+            kind = type(result).__name__
             errors_by_kind[kind] = errors_by_kind.get(kind, 0) + 1
             out["reward"].append(cfg.fallback_reward)
             out["correct"].append(None)
-            out["score_error"].append(f"{kind}: {e}"[:500])
+            out["score_error"].append(f"{kind}: {result}"[:500])
             for col in columns.values():
                 out[col].append(None)
             continue
+        components, total, row_details = result
+        for name, label in row_details.items():
+            details.setdefault(name, {})
+            details[name][label] = details[name].get(label, 0) + 1
         out["reward"].append(float(total))
         out["correct"].append(bool(components[cfg.accuracy_reward] >= 1.0))
         out["score_error"].append(None)
@@ -79,10 +92,37 @@ def score_rows(rows: pl.DataFrame, cfg: ScoreConfig) -> tuple[pl.DataFrame, dict
             f"{num_errors} of {rows.height} rows ({error_fraction:.1%}) failed in a reward function, more than "
             f"score.max_error_fraction={cfg.max_error_fraction}; first error at prompt_id={example['prompt_id']} "
             f"sample_idx={example['sample_idx']}: {example['score_error']}")
-    return frame, score_metrics(frame, columns, errors_by_kind)
+    return frame, score_metrics(frame, columns, errors_by_kind, details)
 
 
-def score_metrics(frame: pl.DataFrame, columns: dict[str, str], errors_by_kind: dict[str, int]) -> dict[str, Any]:
+def _score_row(row: dict[str, Any], specs: list[RewardSpec], fns: Any) -> tuple | Exception:
+    """One row's (components, total, details), or the exception a reward raised on it."""
+    sample = Sample(prompt=row["prompt"], completion=row["completion_text"], answer=row["answer"],
+                    metadata=json.loads(row["metadata"]) if row["metadata"] else {},
+                    completion_tokens=row["completion_length"], truncated=row["truncated"])
+    try:
+        return score_sample_details(sample, specs, fns)
+    except Exception as e:  # noqa: BLE001 - any failure of user code is a per-row error
+        return e
+
+
+def _ordered_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: int) -> Iterator[Any]:
+    """fn over items, results in input order; with workers > 1 on a thread pool, at most 4 x workers in flight."""
+    if workers == 1:
+        yield from map(fn, items)
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="score") as pool:
+        pending: deque = deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= 4 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def score_metrics(frame: pl.DataFrame, columns: dict[str, str], errors_by_kind: dict[str, int],
+                  details: dict[str, dict[str, int]]) -> dict[str, Any]:
     return {
         "num_samples": frame.height,
         "reward_mean": float(frame["reward"].mean()),
@@ -92,4 +132,5 @@ def score_metrics(frame: pl.DataFrame, columns: dict[str, str], errors_by_kind: 
                        for name, col in columns.items()},
         "errors": sum(errors_by_kind.values()),
         "errors_by_kind": dict(sorted(errors_by_kind.items())),
+        "details": {name: dict(sorted(details[name].items())) for name in columns if name in details},
     }

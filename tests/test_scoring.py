@@ -1,6 +1,13 @@
-"""The score stage's table: weighted sum, components, correctness, per-row errors, the error threshold."""
+"""The score stage's table: weighted sum, components, correctness, per-row errors, the error threshold,
+detail counts of RewardResult labels, and the same results for any worker count."""
+import random
+import threading
+import time
+
 import polars as pl
 import pytest
+
+from rlpipe.rewards.functions import RewardResult
 
 from rlpipe.config import RewardEntry, ScoreConfig
 from rlpipe.errors import ConfigError, ScoringError
@@ -11,7 +18,8 @@ DIGITS = RewardEntry("digit_match", 0.5, {"answer_prefix": None})
 
 
 def cfg(rewards=(EXACT, DIGITS), **over):
-    base = dict(rewards=tuple(rewards), accuracy_reward="exact_answer", fallback_reward=-1.0, max_error_fraction=0.5)
+    base = dict(rewards=tuple(rewards), accuracy_reward="exact_answer", fallback_reward=-1.0, max_error_fraction=0.5,
+                workers=1)
     return ScoreConfig(**{**base, **over})
 
 
@@ -53,3 +61,60 @@ def test_config_mistakes_fail_before_scoring():
         score_rows(rows(["1"], ["1"]), cfg([RewardEntry("exact_answer", 1.0, {"tolerence": 0})]))
     with pytest.raises(ConfigError, match="accuracy_reward"):
         score_rows(rows(["1"], ["1"]), cfg([DIGITS]))
+
+
+def labelled_parity(sample, *, delay_s):
+    """A test reward: 1.0 for an even answer, labelled; sleeps a random while so threads finish out of order."""
+    time.sleep(random.Random(sample.completion).uniform(0, delay_s))
+    if sample.completion == "boom":
+        raise RuntimeError("reward failed on this row")
+    even = int(sample.completion) % 2 == 0
+    return RewardResult(1.0 if even else 0.0, "even" if even else "odd")
+
+
+PARITY = RewardEntry("tests.test_scoring:labelled_parity", 1.0, {"delay_s": 0.002})
+
+
+def test_reward_result_labels_are_counted_per_component():
+    frame, m = score_rows(rows(["2", "3", "4", "5", "6"], ["2", "3", "4", "5", "6"]),
+                          cfg([EXACT, PARITY]))
+    assert frame["reward_labelled_parity"].to_list() == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert frame["reward"].to_list() == [2.0, 1.0, 2.0, 1.0, 2.0]  # exact (1.0 each) + parity
+    assert m["details"] == {PARITY.name: {"even": 3, "odd": 2}}  # keyed like "components"; exact_answer: no entry
+
+
+def test_details_are_empty_for_plain_float_rewards():
+    _, m = score_rows(rows(["1"], ["1"]), cfg())
+    assert m["details"] == {}
+
+
+@pytest.mark.parametrize("workers", [2, 3, 8])
+def test_any_worker_count_gives_the_same_table_and_metrics(workers):
+    completions = [str(i) for i in range(40)] + ["boom"]  # one reward error, to check errors keep their row too
+    table = rows(completions, completions)
+    serial, serial_m = score_rows(table, cfg([EXACT, PARITY]))
+    threads_seen = set()
+
+    def progress(n):
+        threads_seen.add(threading.current_thread().name)
+    parallel, parallel_m = score_rows(table, cfg([EXACT, PARITY], workers=workers), progress=progress)
+    assert parallel.equals(serial)  # same rows, same order, same values, same error strings
+    assert parallel_m == serial_m
+    assert serial_m["errors_by_kind"] == {"RuntimeError": 1} and serial["score_error"][40].startswith("RuntimeError")
+    assert threads_seen == {threading.main_thread().name}  # progress is reported from the caller's thread
+
+
+_barrier = threading.Barrier(2)
+
+
+def meet_another_row(sample):
+    """A test reward that returns only once a second row is being scored at the same moment."""
+    _barrier.wait(timeout=5)  # serial scoring would raise BrokenBarrierError here
+    return 1.0
+
+
+def test_workers_score_rows_at_the_same_time():
+    _barrier.reset()
+    frame, m = score_rows(rows(["1", "2", "3", "4"], ["1", "2", "3", "4"]),
+                          cfg([EXACT, RewardEntry("tests.test_scoring:meet_another_row", 1.0, {})], workers=2))
+    assert m["errors"] == 0 and frame["reward_meet_another_row"].to_list() == [1.0] * 4

@@ -2,11 +2,13 @@
 
 `functions` holds the `Sample` a reward sees and the built-in rewards (`REWARD_FUNCTIONS`);
 `registry` resolves params.yaml names (built-in or "package.module:function"), checks their options
-up front, names their Parquet columns and scores one sample. No torch here: the score stage must start fast.
+up front, names their Parquet columns and scores one sample; `sandbox` runs model-written code for
+the `code_tests` reward. No torch here: the score stage must start fast.
 """
 
 from rlpipe.rewards.functions import (
     REWARD_FUNCTIONS,
+    RewardResult,
     Sample,
     digit_match,
     exact_answer,
@@ -21,10 +23,13 @@ from rlpipe.rewards.registry import (
     prepare_rewards,
     resolve_reward,
     score_sample,
+    score_sample_details,
 )
+from rlpipe.rewards.sandbox import code_tests
 
 __all__ = [
     "REWARD_FUNCTIONS",
+    "RewardResult",
     "Sample",
     "digit_match",
     "exact_answer",
@@ -37,4 +42,6 @@ __all__ = [
     "prepare_rewards",
     "resolve_reward",
     "score_sample",
+    "score_sample_details",
+    "code_tests",
 ]

@@ -1,6 +1,8 @@
 """Rule-based reward functions: small pure functions of one `Sample` and keyword options.
 
-Every function here has the signature ``fn(sample, *, **options) -> float``. Options carry no
+Every function here has the signature ``fn(sample, *, **options) -> float``; a function may instead
+return a `RewardResult` (the value plus a short label, such as how a program failed), which the
+score stage counts per label in its metrics. Options carry no
 defaults: each one is written out in params.yaml (``rewards:`` section), so the value that scored a
 run is always visible in the file DVC tracks. `registry.check_reward_options` rejects a missing or
 misspelt option before any row is scored.
@@ -31,6 +33,7 @@ from typing import Callable
 
 __all__ = [
     "Sample",
+    "RewardResult",
     "exact_answer",
     "digit_match",
     "format_regex",
@@ -49,6 +52,22 @@ class Sample:
     metadata: dict  # extra per-prompt fields (parsed JSON); {} when there are none
     completion_tokens: int  # number of generated tokens
     truncated: bool  # hit max_new_tokens without emitting EOS
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """A reward value with a label of how it came about, e.g. ``RewardResult(0.0, "timeout")``.
+
+    The score stage stores the value like a plain float and counts the labels per reward in its
+    metrics (``details``), so the label must come from a small fixed set: it is a metric key.
+    """
+
+    value: float
+    detail: str  # a short label from a fixed set (<= 64 characters)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.detail, str) or not 0 < len(self.detail) <= 64:
+            raise ValueError(f"RewardResult.detail must be a label of 1 to 64 characters, got {self.detail!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,9 +257,13 @@ def length_penalty(sample: Sample, *, max_tokens: int, buffer_tokens: int) -> fl
     return (free_until - length) / buffer_tokens
 
 
-REWARD_FUNCTIONS: dict[str, Callable[..., float]] = {
+# Imported here, after Sample and RewardResult exist: the sandbox module imports both from this one.
+from rlpipe.rewards.sandbox import code_tests  # noqa: E402
+
+REWARD_FUNCTIONS: dict[str, Callable[..., float | RewardResult]] = {
     "exact_answer": exact_answer,
     "digit_match": digit_match,
     "format_regex": format_regex,
     "length_penalty": length_penalty,
+    "code_tests": code_tests,
 }

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from rlpipe.rewards.functions import REWARD_FUNCTIONS, Sample
+from rlpipe.rewards.functions import REWARD_FUNCTIONS, RewardResult, Sample
 
 __all__ = [
     "RewardSpec",
@@ -29,6 +29,7 @@ __all__ = [
     "component_columns",
     "prepare_rewards",
     "score_sample",
+    "score_sample_details",
 ]
 
 COLUMN_PREFIX = "reward_"
@@ -211,14 +212,24 @@ def score_sample(
     """Every component's value by spec name, and their weighted sum.
 
     `fns` comes from `prepare_rewards`. An exception raised by a reward keeps its type and gains a
-    note naming the reward; the score stage records it as this row's error.
+    note naming the reward; the score stage records it as this row's error. A reward returning a
+    `RewardResult` counts as its value here; `score_sample_details` also returns the labels.
 
     >>> spec = RewardSpec("length_penalty", 0.5, {"max_tokens": 10, "buffer_tokens": 4})
     >>> sample = Sample("Q", "...", None, {}, 8, False)
     >>> score_sample(sample, [spec], prepare_rewards([spec]))  # (6 - 8) / 4 = -0.5, times 0.5
     ({'length_penalty': -0.5}, -0.25)
     """
+    components, total, _ = score_sample_details(sample, specs, fns)
+    return components, total
+
+
+def score_sample_details(
+    sample: Sample, specs: Sequence[RewardSpec], fns: Mapping[str, Callable[..., float | RewardResult]]
+) -> tuple[dict[str, float], float, dict[str, str]]:
+    """`score_sample`, plus the detail label of every component that returned a `RewardResult`."""
     components: dict[str, float] = {}
+    details: dict[str, str] = {}
     total = 0.0
     for spec in specs:
         if spec.name not in fns:
@@ -228,7 +239,10 @@ def score_sample(
         except Exception as exc:
             exc.add_note(f"raised by reward {spec.name!r}")
             raise
+        if isinstance(raw, RewardResult):
+            details[spec.name] = raw.detail
+            raw = raw.value
         value = _checked_value(raw, spec.name)
         components[spec.name] = value
         total += spec.weight * value
-    return components, total
+    return components, total, details

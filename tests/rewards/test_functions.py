@@ -15,6 +15,7 @@ from rlpipe.rewards.functions import (
     format_regex,
     length_penalty,
 )
+from rlpipe.rewards.sandbox import code_tests
 
 
 def make(completion="", answer=None, tokens=1, truncated=False):
@@ -42,6 +43,7 @@ def test_registry_lists_the_builtins():
         "digit_match": digit_match,
         "format_regex": format_regex,
         "length_penalty": length_penalty,
+        "code_tests": code_tests,
     }
 
 

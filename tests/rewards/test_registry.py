@@ -20,7 +20,7 @@ from rlpipe.rewards.registry import (
     score_sample,
 )
 
-VALID = "digit_match, exact_answer, format_regex, length_penalty, or 'package.module:function'"
+VALID = "code_tests, digit_match, exact_answer, format_regex, length_penalty, or 'package.module:function'"
 
 USER_MODULE = '''
 def has_two_lines(sample, *, min_lines):
