@@ -8,7 +8,15 @@ as the next iteration's input. So after ``dvc repro`` finishes iteration k, ``rl
   2. copies the trained checkpoint to ``state/policy`` (tracked with ``dvc add``) and, every
      ``reference.refresh_every`` iterations, to ``state/reference``;
   3. rewrites ``iteration``, ``policy.path`` (and ``reference.*``) in params.yaml, keeping its comments,
-     and commits that as the start of iteration k+1.
+     and commits that as the start of iteration k+1;
+  4. with ``iterate.keep_checkpoints: K > 0``, drops older iterations' checkpoints from the DVC cache
+     (rlpipe/gc.py).
+
+Every step is idempotent and a process killed between two steps is finished by the next call
+(``rlpipe iterate`` or ``rlpipe run``), which reads how far the last one got from what it left:
+the tag ``iteration-k`` at HEAD (k is committed), ``state/policy`` holding version k+1 (the
+hand-over began, so the stages that read ``state/policy`` legitimately look stale), params.yaml
+at k+1 in the work tree but k at HEAD (only the commit of the start of k+1 is missing).
 """
 from __future__ import annotations
 
@@ -17,12 +25,13 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from rlpipe.config import Params, load_params
 from rlpipe.errors import RlpipeError
+from rlpipe.history import HISTORY_CSV, write_history_csv
 from rlpipe.io import atomic_path, read_json
 
 STATE_POLICY = "state/policy"
@@ -93,9 +102,30 @@ def _run(cmd: list[str], cwd: Path) -> str:
     return proc.stdout
 
 
-def pipeline_is_current(root: Path) -> bool:
+def stale_stages(root: Path, *, ignore_state: bool = False) -> dict[str, Any]:
+    """``dvc status`` as a dict; with ``ignore_state``, minus the entries that only say ``state/`` changed.
+
+    Why the filter: once an interrupted ``advance`` has copied the new policy to ``state/policy``,
+    ``generate`` and ``train`` (which read it) are reported stale for a reason that finishing the
+    hand-over resolves; any other change (a params edit, a changed output) still stops it.
+    """
     out = _run(["dvc", "status", "--json"], root).strip()
-    return out in ("", "{}")
+    status = json.loads(out) if out else {}
+    if not ignore_state:
+        return status
+    return {name: entries for name, entries in status.items()
+            if not all(_only_state_changed(entry) for entry in entries)}
+
+
+def _only_state_changed(entry: Any) -> bool:
+    if not isinstance(entry, dict):
+        return False  # "changed command", "always changed"
+    for kind, changes in entry.items():
+        if kind not in ("changed deps", "changed outs") or not isinstance(changes, dict):
+            return False
+        if not all(isinstance(what, str) and Path(path).parts[:1] == ("state",) for path, what in changes.items()):
+            return False
+    return True
 
 
 def history_row(params: Params, root: Path) -> dict[str, Any]:
@@ -124,20 +154,83 @@ def _replace_dir(src: Path, dst: Path) -> None:
         shutil.copytree(src, tmp)
 
 
+def _policy_version(model_dir: Path) -> int | None:
+    info = model_dir / "rlpipe.json"
+    return json.loads(info.read_text())["policy_version"] if info.is_file() else None
+
+
+def _git_commit_of(root: Path, ref: str) -> str | None:
+    proc = subprocess.run(["git", "rev-parse", "-q", "--verify", f"{ref}^{{commit}}"], cwd=root,
+                          capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def _tag_at_head(root: Path, iteration: int) -> bool:
+    tagged = _git_commit_of(root, f"refs/tags/{tag_name(iteration)}")
+    return tagged is not None and tagged == _git_commit_of(root, "HEAD")
+
+
+def handover_started(root: Path, params: Params) -> bool:
+    """True when an ``advance`` of this iteration was interrupted after it began replacing ``state/policy``.
+
+    Then ``dvc repro`` must not run before the advance is finished: it would re-run ``generate``
+    with the new policy under the old iteration number (which generate refuses).
+    """
+    k = params.iteration
+    if _policy_version(root / params.paths.checkpoint) != k + 1:
+        return False
+    state = root / STATE_POLICY
+    # Killed inside the directory swap of atomic_path: the old copy is moved aside, the new one not yet in place.
+    mid_swap = not state.exists() and any(state.parent.glob(f".{state.name}.tmp-*"))
+    return mid_swap or _policy_version(state) == k + 1
+
+
+def finish_interrupted_start(root: Path, *, params_file: str = "params.yaml") -> bool:
+    """Finish an ``advance`` killed after it rewrote params.yaml: the commit "start iteration k", the pruning.
+
+    The sign: HEAD is tagged ``iteration-(k-1)`` and its params.yaml still says k-1 while the work
+    tree's says k. Returns whether it had to.
+    """
+    params = load_params(root / params_file)
+    k = params.iteration
+    if k == 0 or not _tag_at_head(root, k - 1):
+        return False
+    proc = subprocess.run(["git", "show", f"HEAD:./{params_file}"], cwd=root, capture_output=True, text=True)
+    if proc.returncode != 0 or (yaml.safe_load(proc.stdout) or {}).get("iteration") != k - 1:
+        return False
+    _commit(root, f"rlpipe: start iteration {k}", params, tag=None)
+    _prune(root, params, params_file)
+    return True
+
+
+def _prune(root: Path, params: Params, params_file: str) -> None:
+    """The last step of ``advance``: keep the checkpoints of the last ``iterate.keep_checkpoints`` iterations."""
+    if params.iterate.keep_checkpoints > 0:
+        from rlpipe.gc import prune_checkpoints
+
+        prune_checkpoints(root, keep=params.iterate.keep_checkpoints, params_file=params_file)
+
+
 def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit: bool = True) -> dict[str, Any]:
-    """Finish iteration k and set up k+1 (see module docstring); returns the history row of k."""
+    """Finish iteration k and set up k+1 (see module docstring); returns the history row of k.
+
+    Safe to call again after it was killed at any point: it finishes what is left.
+    """
     root = Path(root)
+    if commit:
+        finish_interrupted_start(root, params_file=params_file)
     params = load_params(root / params_file)
     k = params.iteration
     ckpt = root / params.paths.checkpoint
-    info = ckpt / "rlpipe.json"
-    if not info.is_file():
+    version = _policy_version(ckpt)
+    if version is None:
         raise RlpipeError(f"{ckpt}: no trained checkpoint; run `dvc repro` for iteration {k} first")
-    version = json.loads(info.read_text())["policy_version"]
     if version != k + 1:
         raise RlpipeError(f"{ckpt}: holds policy version {version}, expected {k + 1}; run `dvc repro` first")
-    if not pipeline_is_current(root):
-        raise RlpipeError("the pipeline is not up to date (`dvc status` lists changes); run `dvc repro` first")
+    stale = stale_stages(root, ignore_state=handover_started(root, params))
+    if stale:
+        raise RlpipeError(f"the pipeline is not up to date (`dvc status` lists changes in {sorted(stale)}); "
+                          "run `dvc repro` first")
 
     row = history_row(params, root)
     hist = root / params.paths.history
@@ -146,7 +239,8 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
     kept = [ln for ln in previous.splitlines() if ln.strip() and json.loads(ln)["iteration"] != k]
     with atomic_path(hist) as tmp:
         tmp.write_text("".join(line + "\n" for line in [*kept, json.dumps(row, sort_keys=True)]))
-    if commit:
+    write_history_csv(hist, root / params.paths.plots_dir / HISTORY_CSV)  # the same rows as a DVC plot
+    if commit and not _tag_at_head(root, k):
         _commit(root, f"rlpipe: iteration {k} (eval accuracy {row['eval_accuracy']})", params, tag=tag_name(k))
 
     _replace_dir(ckpt, root / STATE_POLICY)
@@ -160,7 +254,33 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
     set_params(root / params_file, updates)
     if commit:
         _commit(root, f"rlpipe: start iteration {k + 1}", params, tag=None)
+        _prune(root, params, params_file)
     return row
+
+
+def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "params.yaml", commit: bool = True,
+                   on_iteration: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """``dvc repro`` + ``advance`` until params.yaml says iteration ``until`` (what ``rlpipe run`` does).
+
+    The target is absolute, so the same call after a crash does only what is left: ``dvc repro``
+    skips every stage that finished (their results are in dvc.lock and the cache), and an advance
+    that was cut short is finished before anything else runs.
+    """
+    root = Path(root)
+    rows: list[dict[str, Any]] = []
+    if commit:
+        finish_interrupted_start(root, params_file=params_file)
+    while (params := load_params(root / params_file)).iteration < until:
+        if not handover_started(root, params):
+            proc = subprocess.run(["dvc", "repro"], cwd=root)
+            if proc.returncode != 0:
+                raise RlpipeError(f"`dvc repro` failed (exit {proc.returncode}) in iteration {params.iteration}; "
+                                  f"fix the cause and run `rlpipe run --until {until}` to resume")
+        row = advance(root, params_file=params_file, commit=commit)
+        rows.append(row)
+        if on_iteration is not None:
+            on_iteration(row)
+    return rows
 
 
 def _commit(root: Path, message: str, params: Params, *, tag: str | None) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
 import shutil
 import sys
 import textwrap
@@ -230,3 +231,67 @@ def test_prepare_applies_the_chat_template(ws):
     frame = read_artifact(ws / "out/train.parquet", PROMPTS).frame
     assert frame["prompt"].to_list() == ["12+30="]
     assert frame["prompt_token_ids"][0].len() == 6  # template output tokenized without an extra <bos>
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs from another schema version or another policy (files handed over between machines)
+# ----------------------------------------------------------------------------------------------
+
+OUTPUT_OPTIONS = {"--out", "--metrics", "--checkpoint", "--token-stats", "--steps"}
+
+
+def stage_args(ws: Path, stage: str, **replace: str) -> list[str]:
+    """The stage's dvc.yaml command line on the copied artifacts, writing under ws/out (options in ``replace`` win)."""
+    from rlpipe.commands import stage_commands
+
+    words = shlex.split(stage_commands(REPO / "dvc.yaml", ws / "params.yaml")[stage])[2:]  # drop `python stages/x.py`
+    opts = {opt: str(ws / "out" / Path(value).name) if opt in OUTPUT_OPTIONS else str(ws / value)
+            for opt, value in zip(words[::2], words[1::2])}
+    opts.update(replace)
+    return [x for kv in opts.items() for x in kv]
+
+
+def with_footer(src: str | Path, dest: Path, **changes) -> Path:
+    """A copy of an artifact whose rlpipe footer says something else (schema or policy version)."""
+    table = pq.read_table(src)
+    meta = json.loads(table.schema.metadata[b"rlpipe"])
+    pq.write_table(table.replace_schema_metadata({"rlpipe": json.dumps({**meta, **changes})}), dest)
+    return dest
+
+
+def nothing_written(ws: Path) -> bool:
+    return not list((ws / "out").rglob("*"))
+
+
+@pytest.mark.parametrize(("stage", "option"), [
+    ("generate", "--prompts"), ("score", "--rollouts"), ("reference_logprob", "--rollouts"),
+    ("advantage", "--scores"), ("train", "--ref-logprobs"), ("evaluate", "--prompts")])
+def test_every_stage_refuses_an_input_of_schema_version_0(ws, stage, option):
+    args = stage_args(ws, stage)
+    old = with_footer(args[args.index(option) + 1], ws / "from_old_rlpipe.parquet", schema_version=0)
+    code, out = invoke(stage, stage_args(ws, stage, **{option: str(old)}))
+    assert code == 2, out
+    assert "from_old_rlpipe.parquet: schema version 0 but this rlpipe reads version 1" in out
+    assert nothing_written(ws)
+
+
+def test_train_refuses_rollouts_of_an_earlier_iteration(ws):
+    """Iteration 1's train handed iteration 0's rollouts (generate was not re-run after `rlpipe iterate`)."""
+    edit_params(ws / "params.yaml", {"iteration": 1})
+    code, out = invoke("train", stage_args(ws, "train"))
+    assert code == 2 and "rollouts.parquet: sampled by policy version 0, but params iteration is 1" in out
+    assert nothing_written(ws)
+
+
+def test_train_refuses_rollouts_whose_footer_names_another_policy(ws):
+    other = with_footer(ws / "artifacts/generate/rollouts.parquet", ws / "other_run.parquet", policy_version=3)
+    code, out = invoke("train", stage_args(ws, "train", **{"--rollouts": str(other)}))
+    assert code == 2 and "other_run.parquet: sampled by policy version 3, but params iteration is 0" in out
+    assert nothing_written(ws)
+
+
+def test_train_refuses_a_policy_other_than_the_sampler(ws):
+    """pi_old must be the sampler: the trained checkpoint (version 1) is not the policy of version-0 rollouts."""
+    code, out = invoke("train", stage_args(ws, "train", **{"--policy": str(ws / "artifacts/train/checkpoint")}))
+    assert code == 2 and "holds policy version 1, but the rollouts came from version 0" in out
+    assert nothing_written(ws)
