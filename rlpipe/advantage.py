@@ -64,8 +64,6 @@ def compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig) -> tuple[pl.Dat
         "num_samples": frame.height,
         "num_trained": int(kept.sum()),
         "filtered": {k: int((frame["filtered_reason"] == k).sum()) for k in (FILTER_ZERO_VARIANCE, FILTER_TRUNCATED)},
-        "zero_variance_group_fraction": float(
-            stats.group_by("prompt_id").agg(pl.col("group_reward_std").first() == 0.0)["group_reward_std"].mean()),
         "advantage_mean": float(np.mean(seq_adv)) if seq_adv is not None else None,
         "advantage_abs_mean": float(np.mean(np.abs(seq_adv))) if seq_adv is not None else None,
         **{k: v for k, v in result.metrics.items()},

@@ -1,9 +1,9 @@
 """`rlpipe`: commands for people running the pipeline (the stages themselves live in stages/)."""
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
+from typing import List, Optional
 
 import typer
 
@@ -33,28 +33,70 @@ def iterate(params: str = typer.Option("params.yaml", help="params file"),
 
 
 @app.command()
-def run(iterations: int = typer.Option(..., "--iterations", "-n", min=1, help="how many iterations to run"),
+def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min=1,
+                                               help="how many iterations to run from the current one"),
+        until: Optional[int] = typer.Option(None, "--until", min=1,
+                                            help="run until params.yaml says this iteration (iterations 0..UNTIL-1 "
+                                                 "finished); the same command resumes after a crash"),
         params: str = typer.Option("params.yaml", help="params file"),
         commit: bool = typer.Option(True, help="commit (and tag) each finished iteration to git")) -> None:
-    """Run N iterations back to back: `dvc repro` then `rlpipe iterate`, N times.
+    """Run iterations back to back: `dvc repro` then `rlpipe iterate`, until the target.
 
-    After a crash, run the same command again: `dvc repro` skips every stage that already finished.
+    After a crash, `rlpipe run --until K` finishes what is left: `dvc repro` skips every stage
+    that already finished and an interrupted `rlpipe iterate` is completed first.
     """
-    from rlpipe.iterate import advance
+    from rlpipe.config import load_params
+    from rlpipe.iterate import finish_interrupted_start, run_iterations
 
-    for i in range(iterations):
-        proc = subprocess.run(["dvc", "repro"], cwd=Path("."))
-        if proc.returncode != 0:
-            typer.echo(f"rlpipe: error: `dvc repro` failed (exit {proc.returncode}) in iteration {i + 1} of "
-                       f"{iterations}; fix the cause and run the same command again to resume", err=True)
-            raise typer.Exit(proc.returncode)
-        try:
-            row = advance(".", params_file=params, commit=commit)
-        except RlpipeError as e:
-            _fail(e)
+    def report(row: dict) -> None:
         typer.echo(f"iteration {row['iteration']}: eval accuracy {row['eval_accuracy']:.3f}, "
-                   f"train reward {row['train_reward_mean']:.3f}", err=False)
+                   f"train reward {row['train_reward_mean']:.3f}")
         sys.stdout.flush()
+
+    if (iterations is None) == (until is None):
+        _fail(RlpipeError("give exactly one of --iterations/-n N and --until K"))
+    try:
+        if until is None:
+            if commit:  # an advance cut short after rewriting params.yaml already counts as done
+                finish_interrupted_start(Path("."), params_file=params)
+            until = load_params(params).iteration + iterations
+        run_iterations(".", until=until, params_file=params, commit=commit, on_iteration=report)
+    except RlpipeError as e:
+        _fail(e)
+
+
+@app.command()
+def gc(keep: Optional[int] = typer.Option(None, "--keep", min=1,
+                                          help="iterations whose checkpoints stay (default: iterate.keep_checkpoints)"),
+       params: str = typer.Option("params.yaml", help="params file"),
+       dry_run: bool = typer.Option(False, "--dry-run", help="only say what would be removed")) -> None:
+    """Drop the checkpoints of all but the last K iterations from the local DVC cache (metrics and tables stay)."""
+    from rlpipe.config import load_params
+    from rlpipe.gc import prune_checkpoints
+
+    try:
+        keep = keep or load_params(params).iterate.keep_checkpoints
+        if keep == 0:
+            typer.echo("iterate.keep_checkpoints is 0 (keep all) and no --keep given: nothing to do")
+            return
+        report = prune_checkpoints(".", keep=keep, params_file=params, dry_run=dry_run)
+    except RlpipeError as e:
+        _fail(e)
+    verb = "would remove" if dry_run else "removed"
+    typer.echo(f"{verb} {len(report.removed_objects)} cache objects ({report.removed_bytes / 2**20:.1f} MiB): "
+               f"checkpoints of iterations {report.pruned_iterations}; kept those of {report.kept_iterations}")
+
+
+@app.command()
+def commands(params: str = typer.Option("params.yaml", help="params file"),
+             dvc_yaml: str = typer.Option("dvc.yaml", help="the pipeline file")) -> None:
+    """Print every stage's command line with paths from params.yaml (to run the stages without DVC)."""
+    from rlpipe.commands import commands_script
+
+    try:
+        typer.echo(commands_script(dvc_yaml, params), nl=False)
+    except (RlpipeError, OSError) as e:
+        _fail(e)
 
 
 @app.command()
@@ -79,6 +121,92 @@ def schema() -> None:
     from rlpipe.schema import markdown_table
 
     typer.echo(markdown_table(), nl=False)
+
+
+def _write_html(path: str, page: str) -> None:
+    from rlpipe.io import atomic_path
+
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise RlpipeError(f"--html {path}: directory {target.parent} does not exist")
+    with atomic_path(target) as tmp:
+        tmp.write_text(page, encoding="utf-8")
+    typer.echo(f"wrote {path}", err=True)
+
+
+def _print_json(data: object) -> None:
+    import json
+
+    typer.echo(json.dumps(data, indent=2, default=str, allow_nan=False))
+
+
+@app.command()
+def inspect(
+    target: str = typer.Argument(..., help="a project directory (artifacts found through its params.yaml) "
+                                           "or one artifact .parquet file"),
+    show: Optional[int] = typer.Option(None, "--show", min=0, help="print the first N rollouts (after --where/--sort)"),
+    prompt_id: Optional[List[int]] = typer.Option(None, "--prompt-id", help="print every sample of this prompt "
+                                                                          "(repeatable)"),
+    color_by: Optional[str] = typer.Option(
+        None, "--color-by", help="per-token column that colours each token: token_advantages (or advantage), "
+                                 "sampler_logprobs, old_logprobs, new_logprobs, ref_logprobs, log_ratio (new - old), "
+                                 "sampler_mismatch (old - sampler), ref_log_ratio (sampler - ref), entropy"),
+    where: Optional[str] = typer.Option(None, "--where", help="keep rows where this is true: SQL such as "
+                                                              "'reward < 0 AND truncated', or a polars expression "
+                                                              "such as 'pl.col(\"reward\") < 0'"),
+    sort: Optional[str] = typer.Option(None, "--sort", help="sort rows by this scalar column (ascending)"),
+    desc: bool = typer.Option(False, "--desc", help="with --sort: descending"),
+    eval_view: bool = typer.Option(False, "--eval", help="inspect the evaluate stage's held-out rollouts instead"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="model directory or tokenizer.json to decode "
+                                                                      "tokens with (default: the policy's)"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary and rows as JSON (for scripts)"),
+    html: Optional[str] = typer.Option(None, "--html", help="also write the view as a self-contained HTML page"),
+) -> None:
+    """Join an iteration's artifacts on (prompt_id, sample_idx) and show statistics and colour-coded rollouts."""
+    from rlpipe.inspect import inspect_data
+    from rlpipe.render import inspect_html, print_inspect
+
+    try:
+        data = inspect_data(target, eval_view=eval_view, where=where, sort=sort, descending=desc, show=show,
+                            prompt_ids=prompt_id, color_by=color_by, tokenizer=tokenizer)
+        if html:
+            _write_html(html, inspect_html(data))
+    except RlpipeError as e:
+        _fail(e)
+    if as_json:
+        _print_json(data)
+    else:
+        from rich.console import Console
+
+        print_inspect(Console(highlight=False), data)
+
+
+@app.command()
+def diff(
+    a: str = typer.Argument(..., help="iteration A: a project directory, or a git revision such as iteration-0 "
+                                      "(a bare number N means iteration-N)"),
+    b: str = typer.Argument(..., help="iteration B, the same way"),
+    repo: str = typer.Option(".", "--repo", help="the project (git + DVC) that revisions are looked up in"),
+    show: int = typer.Option(10, "--show", min=0, help="list up to N flipped prompts each way"),
+    as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON (for scripts)"),
+    html: Optional[str] = typer.Option(None, "--html", help="also write the comparison as a self-contained HTML page"),
+) -> None:
+    """What changed between two iterations: metrics, and held-out prompts that flipped wrong->right and back."""
+    from rlpipe.diff import diff_data
+    from rlpipe.render import diff_html, print_diff
+
+    try:
+        data = diff_data(a, b, repo=repo, show=show)
+        if html:
+            _write_html(html, diff_html(data))
+    except RlpipeError as e:
+        _fail(e)
+    if as_json:
+        _print_json(data)
+    else:
+        from rich.console import Console
+
+        print_diff(Console(highlight=False), data)
 
 
 if __name__ == "__main__":

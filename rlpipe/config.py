@@ -9,6 +9,7 @@ by several stages live in exactly one place (the sampling temperature in ``gener
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -86,8 +87,19 @@ class PrepareConfig:
 
 
 @dataclass(frozen=True)
+class VLLMConfig:
+    """generate.vllm: read only when the vLLM engine runs (rlpipe/engines/vllm.py says what rlpipe sets itself)."""
+    tensor_parallel_size: int  # GPUs per model replica
+    data_parallel_size: int  # replicas, each in its own process on its own tensor_parallel_size GPUs; prompts are split
+    gpu_memory_utilization: float  # share of each GPU's memory vLLM may take (weights, activations, KV cache)
+    enable_prefix_caching: bool  # reuse the KV cache of shared prompt prefixes
+    enforce_eager: bool  # no CUDA graphs / torch.compile: starts faster, decodes slower
+    max_model_len: int | None  # context vLLM plans for; null = the model's max_position_embeddings
+
+
+@dataclass(frozen=True)
 class GenerateConfig:
-    engine: Literal["hf"]
+    engine: Literal["auto", "hf", "vllm"]  # auto: vllm when generate.device is CUDA and vllm imports, else hf
     prompts_per_iteration: int  # 0 = all train prompts every iteration
     group_size: int  # G samples per prompt
     temperature: float  # also used by every log-prob computation of this iteration
@@ -97,6 +109,7 @@ class GenerateConfig:
     batch_size: int
     device: str
     dtype: Literal["float32", "bfloat16", "float16"]
+    vllm: VLLMConfig
 
 
 @dataclass(frozen=True)
@@ -112,6 +125,7 @@ class ScoreConfig:
     accuracy_reward: str  # component whose value 1.0 means "correct" (for accuracy metrics)
     fallback_reward: float  # reward of a row whose reward function raised
     max_error_fraction: float  # the stage fails if more rows than this errored
+    workers: int  # rows scored at once by a thread pool (code_tests runs a process per row); never changes results
 
 
 @dataclass(frozen=True)
@@ -150,7 +164,7 @@ class TrainConfig:
     max_grad_norm: float
     entropy_coef: float
     device: str
-    dtype: Literal["float32", "bfloat16"]
+    dtype: Literal["float32", "bfloat16"]  # autocast dtype of the forward pass; weights and AdamW stay float32
     chunk_size: int
 
 
@@ -160,6 +174,12 @@ class EvaluateConfig:
     batch_size: int
     device: str
     dtype: Literal["float32", "bfloat16", "float16"]
+
+
+@dataclass(frozen=True)
+class IterateConfig:
+    """Read by `rlpipe iterate` / `rlpipe run` / `rlpipe gc`, never by a stage (so changing it re-runs nothing)."""
+    keep_checkpoints: int  # K: keep the DVC-cached checkpoints of the last K iterations, prune older ones; 0 = keep all
 
 
 @dataclass(frozen=True)
@@ -177,6 +197,7 @@ class Params:
     advantage: AdvantageConfig
     train: TrainConfig
     evaluate: EvaluateConfig
+    iterate: IterateConfig
 
 
 # ----------------------------------------------------------------------------------------------
@@ -185,6 +206,9 @@ class Params:
 
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+_EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def _convert(value: Any, tp: Any, where: str) -> Any:
@@ -229,6 +253,8 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 (PyYAML) reads 5e-05 as a string; `dvc exp run -S train.lr=5e-5` writes it
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)
@@ -286,6 +312,10 @@ def _check_consistency(params: Params, path: Path) -> None:
     need(g.temperature > 0, "generate.temperature must be > 0 (log-probs are taken from logits / temperature)")
     need(0 < g.top_p <= 1, "generate.top_p must be in (0, 1]")
     need(g.max_new_tokens >= 1, "generate.max_new_tokens must be >= 1")
+    need(g.vllm.tensor_parallel_size >= 1 and g.vllm.data_parallel_size >= 1,
+         "generate.vllm.tensor_parallel_size and generate.vllm.data_parallel_size must be >= 1")
+    need(0 < g.vllm.gpu_memory_utilization <= 1, "generate.vllm.gpu_memory_utilization must be in (0, 1]")
+    need(g.vllm.max_model_len is None or g.vllm.max_model_len >= 1, "generate.vllm.max_model_len must be >= 1 or null")
     need(t.micro_batch_size >= 1 and t.minibatch_size >= t.micro_batch_size,
          "train.minibatch_size must be >= train.micro_batch_size >= 1")
     need(t.epochs >= 1, "train.epochs must be >= 1")
@@ -293,4 +323,6 @@ def _check_consistency(params: Params, path: Path) -> None:
     need(t.dual_clip_c is None or t.dual_clip_c > 1, "train.dual_clip_c must be > 1 or null")
     need(0 <= params.score.max_error_fraction <= 1, "score.max_error_fraction must be in [0, 1]")
     need(len(params.score.rewards) >= 1, "score.rewards must name at least one reward function")
+    need(params.score.workers >= 1, "score.workers must be >= 1")
     need(params.reference.refresh_every >= 0, "reference.refresh_every must be >= 0")
+    need(params.iterate.keep_checkpoints >= 0, "iterate.keep_checkpoints must be >= 0 (0 = keep all)")

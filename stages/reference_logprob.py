@@ -10,6 +10,7 @@ import typer
 from rlpipe.config import load_params
 from rlpipe.io import read_artifact, write_artifact
 from rlpipe.models import load_model, load_tokenizer, setup_torch
+from rlpipe.progress import stage_progress
 from rlpipe.reference import reference_logprobs, reference_metrics
 from rlpipe.schema import REF_LOGPROBS, ROLLOUTS
 
@@ -33,8 +34,9 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         pad_id = load_tokenizer(reference).pad_token_id
         model = load_model(reference, device=cfg.device, dtype=cfg.dtype)
     with timer.phase("compute"):
-        ref = reference_logprobs(model, roll.frame, cfg, temperature=p.generate.temperature, pad_token_id=pad_id,
-                                 reference_version=p.reference.version)
+        with stage_progress("reference_logprob", total=roll.frame.height, unit="sequences") as advance:
+            ref = reference_logprobs(model, roll.frame, cfg, temperature=p.generate.temperature, pad_token_id=pad_id,
+                                     reference_version=p.reference.version, progress=advance)
     with timer.phase("write"):
         write_artifact(ref, out, REF_LOGPROBS, metadata={"reference_version": p.reference.version,
                                                           "policy_version": roll.metadata.get("policy_version")})

@@ -10,6 +10,7 @@ import typer
 from rlpipe.config import load_params
 from rlpipe.errors import ArtifactError
 from rlpipe.io import read_artifact, write_artifact
+from rlpipe.progress import stage_progress
 from rlpipe.schema import PROMPTS, ROLLOUTS, SCORES
 from rlpipe.scoring import score_rows
 
@@ -36,7 +37,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         raise ArtifactError(f"{rollouts}: {missing.height} row(s) have a prompt_id not in {prompts}, "
                             f"e.g. {missing['prompt_id'][0]}")
     with timer.phase("compute"):
-        scores, m = score_rows(rows, cfg)
+        with stage_progress("score", total=rows.height, unit="rows") as advance:
+            scores, m = score_rows(rows, cfg, progress=advance)
     with timer.phase("write"):
         write_artifact(scores, out, SCORES, metadata={"policy_version": roll.metadata.get("policy_version")})
     stage.write_metrics(metrics, "score", m, timer)

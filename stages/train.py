@@ -13,7 +13,8 @@ from rlpipe.io import read_artifact, write_artifact
 from rlpipe.models import load_model, load_tokenizer, read_policy_version, save_checkpoint, setup_torch
 from rlpipe.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS
 from rlpipe.training.data import check_policy_version, training_data, training_frame
-from rlpipe.training.loop import train_policy
+from rlpipe.progress import stage_progress
+from rlpipe.training.loop import count_optimizer_steps, train_policy
 from rlpipe.training.report import reward_stats, token_stats_frame, write_steps_csv
 
 app = typer.Typer(add_completion=False)
@@ -44,9 +45,12 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         tokenizer = load_tokenizer(policy)
         model = load_model(policy, device=cfg.device, dtype="float32")
     with timer.phase("compute"):
-        result = train_policy(model, training_data(frame), cfg, temperature=p.generate.temperature,
-                              pad_token_id=tokenizer.pad_token_id, seed=p.seed, iteration=p.iteration,
-                              max_length=p.generate.max_new_tokens)
+        data = training_data(frame)
+        total = count_optimizer_steps(int(data.trainable.sum()), cfg)
+        with stage_progress("train", total=total, unit="steps") as advance:
+            result = train_policy(model, data, cfg, temperature=p.generate.temperature,
+                                  pad_token_id=tokenizer.pad_token_id, seed=p.seed, iteration=p.iteration,
+                                  max_length=p.generate.max_new_tokens, progress=advance)
     with timer.phase("write"):
         save_checkpoint(model, tokenizer, checkpoint, policy_version=p.iteration + 1)
         write_artifact(token_stats_frame(frame, result), token_stats, TRAIN_TOKEN_STATS,

@@ -52,6 +52,7 @@ def test_repo_params_load():
     assert p.seed == 1234 and p.iteration == 0
     assert p.policy.path == "artifacts/prepare/model"
     assert p.reference.version == 0 and p.reference.refresh_every == 0
+    assert p.iterate.keep_checkpoints == 0  # keep every iteration's checkpoint unless asked
     assert p.paths.rollouts == "artifacts/generate/rollouts.parquet"
     assert p.prepare.source == "tiny" and p.prepare.tiny.num_digits == 2
     assert p.prepare.files.answer_column == "answer"
@@ -180,13 +181,20 @@ def test_int_is_accepted_for_float_and_stored_as_float(tmp_path, data):
     assert p.train.dual_clip_c == 3.0 and type(p.train.dual_clip_c) is float
 
 
-def test_yaml_exponent_without_a_dot_is_a_string_and_rejected(tmp_path):
-    """PyYAML (YAML 1.1) reads `3e-4` as the string '3e-4'; the loader must say so, not crash later."""
-    text = PARAMS.read_text()
-    assert "  lr: 1.0e-4\n" in text
+@pytest.mark.parametrize(("text", "value"), [("3e-4", 3e-4), ("5e-05", 5e-5), ("1E-4", 1e-4), ("+2e+1", 20.0)])
+def test_yaml_exponent_without_a_dot_is_read_as_a_number(tmp_path, text, value):
+    """PyYAML (YAML 1.1) reads `3e-4` as the string '3e-4'; `dvc exp run -S train.lr=5e-5` writes `5e-05`.
+
+    A float field accepts such a string as the number it spells; any other string is still rejected.
+    """
+    params = PARAMS.read_text()
+    assert "  lr: 1.0e-4\n" in params
+    assert yaml.safe_load(f"x: {text}")["x"] == text  # the YAML 1.1 quirk this works around
     path = tmp_path / "params.yaml"
-    path.write_text(text.replace("  lr: 1.0e-4\n", "  lr: 3e-4\n"))
-    assert config_error(path).endswith(": train.lr: expected a number, got '3e-4'")
+    path.write_text(params.replace("  lr: 1.0e-4\n", f"  lr: {text}\n"))
+    assert load_params(path).train.lr == value
+    path.write_text(params.replace("  lr: 1.0e-4\n", "  lr: fast\n"))
+    assert config_error(path).endswith(": train.lr: expected a number, got 'fast'")
 
 
 @pytest.mark.parametrize(
@@ -248,7 +256,9 @@ def test_non_nullable_value_rejects_null(tmp_path, data):
         ("generate", "max_new_tokens", 0, "generate.max_new_tokens must be >= 1"),
         ("score", "max_error_fraction", 1.5, "score.max_error_fraction must be in [0, 1]"),
         ("score", "rewards", [], "score.rewards must name at least one reward function"),
+        ("score", "workers", 0, "score.workers must be >= 1"),
         ("reference", "refresh_every", -1, "reference.refresh_every must be >= 0"),
+        ("iterate", "keep_checkpoints", -1, "iterate.keep_checkpoints must be >= 0"),
     ],
 )
 def test_cross_key_rules(tmp_path, data, section, key, value, expected):

@@ -46,3 +46,89 @@ def test_every_params_section_is_documented_in_params_yaml_comments_or_readme():
     readme = (REPO / "README.md").read_text()
     for section in params:
         assert f"`{section}" in readme or f"{section}." in readme, section
+
+
+# ----------------------------------------------------------------------------------------------
+# docs/*.md: links, the rlpipe commands and options they name, troubleshooting messages, doc-test blocks
+# ----------------------------------------------------------------------------------------------
+
+DOC_PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+def doc_test_blocks() -> list[tuple[str, int, str]]:
+    """(page, index, code) of every ```bash block whose first line is `# doc-test` (run by tests/e2e)."""
+    blocks = []
+    for page in DOC_PAGES:
+        for i, m in enumerate(FENCE.finditer(page.read_text())):
+            if m.group(1) == "bash" and m.group(2).startswith("# doc-test\n"):
+                blocks.append((str(page.relative_to(REPO)), i, m.group(2)))
+    return blocks
+
+
+def rlpipe_invocations(text: str) -> list[str]:
+    """Each `rlpipe CMD ...` command line in code blocks and inline code (prose and error messages excluded)."""
+    code = [m.group(2) for m in FENCE.finditer(text)]
+    code += re.findall(r"`([^`\n]+)`", FENCE.sub("", text))
+    found = []
+    for snippet in code:
+        for line in snippet.splitlines():
+            for part in re.split(r"&&|\|\||[|;]|\$\(", line):
+                part = part.split("#", 1)[0].strip()
+                m = re.match(r"rlpipe ([a-z][a-z-]*)(?![:\w-])(.*)", part)
+                if m:
+                    found.append(m.group(0))
+    return found
+
+
+def test_every_rlpipe_command_and_option_named_in_the_docs_exists():
+    from typer.main import get_command
+
+    from rlpipe.cli import app
+
+    commands = get_command(app).commands
+    checked = 0
+    for page in DOC_PAGES:
+        for call in rlpipe_invocations(page.read_text()):
+            words = call.split()
+            assert words[1] in commands, f"{page.name}: `{call}` names no rlpipe command"
+            params = commands[words[1]].params
+            known = {o for p in params for o in (*p.opts, *p.secondary_opts)}
+            for word in words[2:]:
+                if word.startswith("-") and not re.match(r"-\d", word):
+                    assert word.split("=")[0] in known, f"{page.name}: `{call}`: no option {word}"
+            checked += 1
+    assert checked > 20
+
+
+def test_every_docs_page_is_linked_from_the_index_and_every_relative_link_resolves():
+    index = (REPO / "docs/README.md").read_text()
+    for page in (REPO / "docs").glob("*.md"):
+        if page.name != "README.md":
+            assert f"]({page.name})" in index, f"docs/README.md does not link {page.name}"
+    for page in DOC_PAGES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", FENCE.sub("", page.read_text())):
+            if target.startswith(("http://", "https://", "#", "mailto:")):
+                continue
+            assert (page.parent / target.split("#")[0]).exists(), f"{page.name}: broken link {target}"
+
+
+def test_troubleshooting_headings_are_real_messages():
+    """Each `### `message`` heading of docs/troubleshooting.md occurs verbatim in rlpipe's source."""
+    source = "\n".join(p.read_text() for p in [*(REPO / "rlpipe").rglob("*.py"), *(REPO / "stages").glob("*.py")])
+    headings = re.findall(r"^### `(.+)`$", (REPO / "docs/troubleshooting.md").read_text(), re.M)
+    assert len(headings) >= 15
+    for fragment in headings:
+        assert fragment in source, f"troubleshooting.md: {fragment!r} is no longer in any rlpipe message"
+
+
+def test_the_task_pages_have_executed_examples():
+    pages = {page for page, _, _ in doc_test_blocks()}
+    for name in ("iterations.md", "inspect.md", "metrics-and-plots.md", "your-own-model.md"):
+        assert f"docs/{name}" in pages, name
+
+
+def test_the_plots_screenshot_is_small_and_referenced():
+    image = REPO / "docs/img/dvc-plots.png"
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size < 300_000
+    assert "(img/dvc-plots.png)" in (REPO / "docs/metrics-and-plots.md").read_text()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -130,12 +130,14 @@ class GenerationEngine(Protocol):
     """Anything that turns prompt requests into completions.
 
     Returns one list per request, in request order, each holding `request.n` completions in sample order.
+    `progress`, when given, is called after each batch with the number of samples it finished (progress bars only).
     """
 
     name: str
 
     def generate(
-        self, requests: Sequence[PromptRequest], params: SamplingParams
+        self, requests: Sequence[PromptRequest], params: SamplingParams, *,
+        progress: Callable[[int], None] | None = None,
     ) -> list[list[Completion]]: ...
 
 

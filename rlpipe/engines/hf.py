@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -201,8 +201,17 @@ class HFEngine:
         self._cache_arg = cache_names[0]
         self._can_keep_last_logits = "logits_to_keep" in forward_params
 
-    def generate(self, requests: Sequence[PromptRequest], params: SamplingParams) -> list[list[Completion]]:
-        """Sample `request.n` completions per request; results in request order, samples in index order."""
+    def generate(
+        self,
+        requests: Sequence[PromptRequest],
+        params: SamplingParams,
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[list[Completion]]:
+        """Sample `request.n` completions per request; results in request order, samples in index order.
+
+        progress: optional callback, called with the number of samples finished after each batch.
+        """
         samples = [(req_idx, sample_idx) for req_idx, req in enumerate(requests) for sample_idx in range(req.n)]
         # Longest prompts first: similar lengths share a batch (little padding), and an out-of-memory
         # error shows up in the first batch rather than the last.
@@ -215,6 +224,8 @@ class HFEngine:
                 seeds = [derive_seed(requests[req_idx].seed, sample_idx) for req_idx, sample_idx in batch]
                 for (req_idx, sample_idx), completion in zip(batch, self._generate_batch(prompts, seeds, params)):
                     results[req_idx][sample_idx] = completion
+                if progress is not None:
+                    progress(len(batch))
         return results  # type: ignore[return-value]  # every slot was filled above
 
     def _forward(

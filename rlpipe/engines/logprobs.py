@@ -21,7 +21,7 @@ For a PEFT model pass `peft_model.get_base_model()` (the adapters live inside it
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -213,11 +213,13 @@ def batched_completion_logprobs(
     chunk_size: int,
     with_entropy: bool,
     device: torch.device | str | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
     """Log-probs (and entropies) of every completion, one float32 array per completion, in input order.
 
     Runs without grad and in eval mode, batching by padded-token budget (max_tokens_per_batch counts
     rows x longest prompt+completion of the batch). device: where the model lives (default: its own).
+    progress: optional callback, called with the number of sequences finished after each batch.
     """
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
@@ -241,4 +243,6 @@ def batched_completion_logprobs(
             if entropy_BC is not None:
                 for i, values in zip(indices, unpad(entropy_BC, batch.completion_lengths)):
                     entropies[i] = values
+            if progress is not None:
+                progress(len(indices))
     return logprobs, (entropies if with_entropy else None)  # type: ignore[return-value]

@@ -122,9 +122,17 @@ def _combine(parts: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def count_optimizer_steps(num_trainable: int, cfg: TrainConfig) -> int:
+    """How many optimizer steps train_policy makes (epochs x minibatches): the total of its progress bar."""
+    return cfg.epochs * math.ceil(num_trainable / cfg.minibatch_size)
+
+
 def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: float, pad_token_id: int,
-                 seed: int, iteration: int, max_length: int) -> TrainResult:
-    """Run cfg.epochs x minibatches of PPO-style updates in place on ``model``; see module docstring."""
+                 seed: int, iteration: int, max_length: int, progress: Any = None) -> TrainResult:
+    """Run cfg.epochs x minibatches of PPO-style updates in place on ``model``; see module docstring.
+
+    ``progress``: optional callback, called with 1 after each optimizer step (see rlpipe.progress).
+    """
     model.eval()  # no dropout: the recomputed old log-probs must equal pi_theta's at the first step
     with torch.no_grad():
         old, old_entropy = _all_logprobs(model, data, cfg, temperature=temperature, pad_token_id=pad_token_id,
@@ -142,6 +150,8 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
             steps.append(_optimizer_step(model, optimizer, data, minibatch, cfg, temperature=temperature,
                                          pad_token_id=pad_token_id, max_length=max_length,
                                          step=len(steps), epoch=epoch))
+            if progress is not None:
+                progress(1)
     with torch.no_grad():
         new, _ = _all_logprobs(model, data, cfg, temperature=temperature, pad_token_id=pad_token_id,
                                with_entropy=False)

@@ -1,0 +1,49 @@
+"""The iteration history as a DVC plot: history/iterations.jsonl -> plots/iterations.csv.
+
+`rlpipe iterate` appends one JSON row per finished iteration to the history file (the record);
+DVC's plots read CSV/JSON/YAML but not JSON Lines, so the same rows are also written as a CSV
+beside the per-step series (``paths.plots_dir``), which dvc.yaml's top-level ``plots:`` draw
+against ``iteration``. The CSV is derived data: it is rewritten whole from the history each time.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from rlpipe.errors import ArtifactError
+from rlpipe.io import atomic_path
+
+HISTORY_CSV = "iterations.csv"  # under paths.plots_dir; dvc.yaml's top-level plots name this file
+
+
+def read_history(path: str | Path) -> list[dict[str, Any]]:
+    """The history rows, sorted by iteration; an unreadable line is an error naming the file and line."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    rows = []
+    for n, line in enumerate(p.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ArtifactError(f"{p}:{n}: not a JSON line ({e})") from None
+    return sorted(rows, key=lambda r: r.get("iteration", 0))
+
+
+def write_history_csv(history: str | Path, out: str | Path) -> Path:
+    """Rewrite ``out`` from the history file: one row per iteration, ``iteration`` first, other keys sorted."""
+    rows = read_history(history)
+    keys = sorted({k for r in rows for k in r if k != "iteration"})
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=["iteration", *keys], lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in ["iteration", *keys]})
+    with atomic_path(out) as tmp:
+        tmp.write_text(buf.getvalue())
+    return Path(out)

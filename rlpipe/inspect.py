@@ -1,0 +1,376 @@
+"""`rlpipe inspect`: one iteration's artifacts joined on (prompt_id, sample_idx), summarised as data.
+
+Plain functions returning polars frames and JSON-ready dicts; ``rlpipe.render`` draws them (rich,
+HTML) and ``rlpipe.cli`` only parses options. A project directory is read through the paths in
+its params.yaml (read leniently, so an older run's params still work); a single artifact file is
+read alone, identified by the schema named in its footer.
+
+Columns added to the joined rows (documented in docs/inspect.md), usable in --where/--sort/--color-by:
+  per token   log_ratio = new - old log-prob (what training changed), sampler_mismatch = old - sampler
+              log-prob (trainer vs sampler numerics), ref_log_ratio = sampler - ref log-prob;
+  per row     seq_logprob (sum of sampler log-probs), seq_kl_ref (mean of ref_log_ratio),
+              seq_mismatch_max (largest |sampler_mismatch|), seq_entropy (mean entropy).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import yaml
+
+from rlpipe.decode import TokenDecoder, fallback_pieces, find_decoder
+from rlpipe.errors import ArtifactError
+from rlpipe.io import Artifact, join_on_keys, read_artifact, read_metadata
+from rlpipe.schema import (ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS,
+                           get_schema)
+
+KEYS = ("prompt_id", "sample_idx")
+# (role, params.yaml `paths` key, schema) of one iteration, the first being the table joined onto.
+TRAIN_ROLES = (("rollouts", "rollouts", ROLLOUTS), ("scores", "scores", SCORES),
+               ("ref_logprobs", "ref_logprobs", REF_LOGPROBS), ("advantages", "advantages", ADVANTAGES),
+               ("token_stats", "token_stats", TRAIN_TOKEN_STATS), ("prompts", "train_prompts", PROMPTS))
+EVAL_ROLES = (("eval_rollouts", "eval_rollouts", EVAL_ROLLOUTS), ("prompts", "eval_prompts", PROMPTS))
+
+# Per-token columns a completion can be coloured by, and how their colour scale reads.
+COLOR_COLUMNS = {"token_advantages": "diverging", "sampler_logprobs": "logprob", "old_logprobs": "logprob",
+                 "new_logprobs": "logprob", "ref_logprobs": "logprob", "log_ratio": "diverging",
+                 "sampler_mismatch": "diverging", "ref_log_ratio": "diverging", "entropy": "magnitude"}
+COLOR_ALIASES = {"advantage": "token_advantages", "advantages": "token_advantages"}
+
+
+@dataclass
+class Loaded:
+    """The artifacts found for one inspection: role -> validated table."""
+
+    label: str
+    view: str  # "train" | "eval" | the artifact kind of a single file
+    base: str  # role of the table every other one is joined onto
+    artifacts: dict[str, Artifact]
+    missing: dict[str, str] = field(default_factory=dict)  # role -> path that does not exist
+    model_dirs: list[Path] = field(default_factory=list)  # where a tokenizer may be found, in order
+
+
+def read_project_paths(root: Path) -> dict[str, Any]:
+    """params.yaml's `paths` plus policy/reference paths, read without the strict loader.
+
+    Why lenient: inspect and diff also read older runs, whose params may predate a key.
+    """
+    pfile = root / "params.yaml"
+    if not pfile.is_file():
+        raise ArtifactError(f"{root}: no params.yaml here; pass a project directory or one artifact (.parquet) file")
+    try:
+        data = yaml.safe_load(pfile.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ArtifactError(f"{pfile}: not valid YAML: {e}") from None
+    paths = dict(data.get("paths") or {})
+    paths["policy"] = (data.get("policy") or {}).get("path")
+    return paths
+
+
+def _find_project(start: Path) -> Path | None:
+    for d in [start, *start.parents, Path.cwd()]:
+        if (d / "params.yaml").is_file():
+            return d
+    return None
+
+
+def _model_dirs(root: Path, paths: dict[str, Any]) -> list[Path]:
+    return [root / p for p in (paths.get("policy"), paths.get("model_dir"), paths.get("checkpoint")) if p]
+
+
+def load(target: str | Path, *, eval_view: bool = False) -> Loaded:
+    """Read a project directory's iteration artifacts (train side, or eval with ``eval_view``) or one file."""
+    path = Path(target)
+    if not path.exists():
+        raise ArtifactError(f"{path}: no such file or directory")
+    if path.is_file():
+        meta = read_metadata(path)
+        try:
+            schema = get_schema(str(meta.get("artifact")))
+        except KeyError:
+            raise ArtifactError(f"{path}: footer names unknown artifact {meta.get('artifact')!r}") from None
+        project = _find_project(path.resolve().parent)
+        try:  # only to find a tokenizer: a broken params.yaml elsewhere must not stop reading the file
+            dirs = _model_dirs(project, read_project_paths(project)) if project else []
+        except ArtifactError:
+            dirs = []
+        return Loaded(label=str(path), view=schema.name, base=schema.name,
+                      artifacts={schema.name: read_artifact(path, schema)}, model_dirs=dirs)
+    paths = read_project_paths(path)
+    roles = EVAL_ROLES if eval_view else TRAIN_ROLES
+    found, missing = {}, {}
+    for role, key, schema in roles:
+        rel = paths.get(key)
+        if not rel:
+            continue
+        file = path / rel
+        if file.is_file():
+            found[role] = read_artifact(file, schema)
+        else:
+            missing[role] = str(file)
+    base = roles[0][0]
+    if base not in found:
+        raise ArtifactError(f"{missing.get(base, base)}: not found; run `dvc repro` (or `dvc checkout`) first")
+    return Loaded(label=str(path), view="eval" if eval_view else "train", base=base, artifacts=found,
+                  missing=missing, model_dirs=_model_dirs(path, paths))
+
+
+def joined_frame(loaded: Loaded) -> tuple[pl.DataFrame, list[str]]:
+    """All artifacts joined onto the base table on the keys, plus derived columns; and warnings.
+
+    An artifact whose keys or list lengths disagree with the base is left out with a warning
+    (inspection should show what it can), as is one written for another policy version.
+    """
+    warnings: list[str] = []
+    base = loaded.artifacts[loaded.base]
+    frame = base.frame
+    base_version = base.metadata.get("policy_version")
+    for role, art in loaded.artifacts.items():
+        if role in (loaded.base, "prompts"):
+            continue
+        version = art.metadata.get("policy_version")
+        if None not in (version, base_version) and version != base_version:
+            warnings.append(f"{role} ({art.path}) is for policy version {version} but {loaded.base} is for "
+                            f"{base_version}: stale? run `dvc repro`")
+        columns = [c for c in art.frame.columns if c not in frame.columns]
+        try:
+            frame = join_on_keys(Artifact(frame=frame, metadata=base.metadata, path=base.path), art, columns=columns)
+        except ArtifactError as e:
+            warnings.append(f"{role} not joined: {e}")
+    prompts = loaded.artifacts.get("prompts")
+    if prompts is not None and "prompt_id" in frame.columns:
+        frame = frame.join(prompts.frame.select("prompt_id", "prompt", "answer"), on="prompt_id", how="left")
+        unknown = frame.filter(pl.col("prompt").is_null())["prompt_id"].unique()
+        if unknown.len():
+            warnings.append(f"{unknown.len()} prompt_id(s) not in {prompts.path}, e.g. {unknown[0]}")
+    return with_derived_columns(frame), warnings
+
+
+def with_derived_columns(frame: pl.DataFrame) -> pl.DataFrame:
+    """Add the per-token and per-row columns of the module docstring where their inputs exist."""
+    cols = set(frame.columns)
+    token = {"log_ratio": ("new_logprobs", "old_logprobs"), "sampler_mismatch": ("old_logprobs", "sampler_logprobs"),
+             "ref_log_ratio": ("sampler_logprobs", "ref_logprobs")}
+    frame = frame.with_columns([(pl.col(a) - pl.col(b)).alias(name) for name, (a, b) in token.items()
+                                if a in cols and b in cols])
+    cols = set(frame.columns)
+    extra = []
+    if "sampler_logprobs" in cols:
+        extra.append(pl.col("sampler_logprobs").list.sum().alias("seq_logprob"))
+    if "ref_log_ratio" in cols:
+        extra.append(pl.col("ref_log_ratio").list.mean().alias("seq_kl_ref"))
+    if "sampler_mismatch" in cols:
+        extra.append(pl.col("sampler_mismatch").list.eval(pl.element().abs()).list.max().alias("seq_mismatch_max"))
+    if "entropy" in cols:
+        extra.append(pl.col("entropy").list.mean().alias("seq_entropy"))
+    return frame.with_columns(extra)
+
+
+def color_column(frame: pl.DataFrame, requested: str | None) -> str | None:
+    """The per-token column to colour by: the requested one (validated) or the most useful available."""
+    if requested is None:
+        for name in ("token_advantages", "sampler_logprobs"):
+            if name in frame.columns:
+                return name
+        return None
+    name = COLOR_ALIASES.get(requested, requested)
+    if name not in COLOR_COLUMNS:
+        raise ArtifactError(f"--color-by {requested!r}: not a per-token column; choose one of "
+                            f"{sorted([*COLOR_COLUMNS, *COLOR_ALIASES])}")
+    if name not in frame.columns:
+        available = [c for c in COLOR_COLUMNS if c in frame.columns]
+        raise ArtifactError(f"--color-by {requested!r}: column {name!r} is not in the inspected artifacts "
+                            f"(available: {available})")
+    return name
+
+
+# ----------------------------------------------------------------------------------------------
+# Summary statistics
+# ----------------------------------------------------------------------------------------------
+
+def _num(x: Any) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return None if math.isnan(x) or math.isinf(x) else x
+
+
+def _stats(s: pl.Series) -> dict[str, float | None]:
+    s = s.drop_nulls()
+    return {"mean": _num(s.mean()), "std": _num(s.std()) if s.len() > 1 else None,
+            "min": _num(s.min()), "max": _num(s.max()), "count": s.len()}
+
+
+def group_table(frame: pl.DataFrame) -> pl.DataFrame:
+    """One row per prompt: group size, reward mean/std, number correct, whether all rewards are equal."""
+    aggs = [pl.len().alias("size")]
+    if "reward" in frame.columns:
+        aggs += [pl.col("reward").mean().alias("reward_mean"), pl.col("reward").std().alias("reward_std"),
+                 (pl.col("reward").max() == pl.col("reward").min()).alias("zero_variance")]
+    if "correct" in frame.columns:
+        aggs.append(pl.col("correct").cast(pl.Int32).sum().alias("num_correct"))
+    return frame.group_by("prompt_id").agg(aggs).sort("prompt_id")
+
+
+def _length_histogram(lengths: pl.Series, max_bins: int = 16) -> list[dict[str, Any]]:
+    if lengths.len() == 0:
+        return []
+    lo, hi = int(lengths.min()), int(lengths.max())
+    width = max(1, math.ceil((hi - lo + 1) / max_bins))
+    binned = ((lengths - lo) // width).value_counts().sort(lengths.name)
+    return [{"from": lo + int(b) * width, "to": lo + int(b) * width + width - 1, "count": int(c)}
+            for b, c in binned.iter_rows()]
+
+
+def _flat(frame: pl.DataFrame, column: str) -> pl.Series:
+    return frame[column].explode().drop_nulls()
+
+
+def summarize(loaded: Loaded, frame: pl.DataFrame, *, total_rows: int, warnings: list[str]) -> dict[str, Any]:
+    """JSON-ready statistics of ``frame`` (the selected rows), with the artifacts' schemas and row counts."""
+    cols = set(frame.columns)
+    out: dict[str, Any] = {
+        "source": loaded.label, "view": loaded.view, "rows_selected": frame.height, "rows_total": total_rows,
+        "artifacts": [{"role": role, "path": str(a.path), "artifact": a.metadata.get("artifact"),
+                       "rows": a.frame.height, "policy_version": a.metadata.get("policy_version"),
+                       "columns": {c: str(t) for c, t in a.frame.schema.items()}}
+                      for role, a in loaded.artifacts.items()],
+        "missing": loaded.missing, "warnings": warnings,
+    }
+    if "reward" in cols:
+        out["reward"] = _stats(frame["reward"])
+        out["components"] = {c.removeprefix("reward_"): _stats(frame[c]) for c in sorted(cols)
+                             if c.startswith("reward_")}
+    if "correct" in cols:
+        judged = frame["correct"].drop_nulls()
+        out["accuracy"] = _num(judged.cast(pl.Float64).mean()) if judged.len() else None
+    groups = group_table(frame) if {"prompt_id", "sample_idx", "reward"} <= cols else None
+    if groups is not None and (groups["size"] > 1).any():  # one sample per prompt (eval): no groups to describe
+        multi = groups.filter(pl.col("size") > 1)
+        out["groups"] = {
+            "count": groups.height, "size_mean": _num(groups["size"].mean()),
+            "zero_variance_share": _num(multi["zero_variance"].cast(pl.Float64).mean()) if multi.height else None,
+            "singletons": groups.height - multi.height,
+            "group_mean": _stats(groups["reward_mean"]), "within_group_std_mean": _num(multi["reward_std"].mean()),
+        }
+        if "num_correct" in groups.columns:
+            counts = groups.group_by("size", "num_correct").len().sort("size", "num_correct")
+            out["groups"]["correct_per_group"] = [{"correct": int(k), "of": int(g), "groups": int(n)}
+                                                  for g, k, n in counts.iter_rows()]
+    if "advantage" in cols:
+        out["advantage"] = _stats(frame["advantage"])
+    if "filtered_reason" in cols:
+        reasons = frame["filtered_reason"].drop_nulls().value_counts().sort("filtered_reason")
+        out["filtered"] = {r: int(n) for r, n in reasons.iter_rows()}
+    if "completion_length" in cols:
+        lengths = frame["completion_length"]
+        out["length"] = {**_stats(lengths), "p50": _num(lengths.quantile(0.5)) if lengths.len() else None,
+                         "p90": _num(lengths.quantile(0.9)) if lengths.len() else None,
+                         "histogram": _length_histogram(lengths)}
+    if "truncated" in cols:
+        out["truncation_rate"] = _num(frame["truncated"].cast(pl.Float64).mean())
+    if "score_error" in cols:
+        kinds = frame["score_error"].drop_nulls().str.extract(r"^([^:]+)", 1).value_counts().sort("score_error")
+        out["scorer_errors"] = {k: int(n) for k, n in kinds.iter_rows()}
+    if "sampler_mismatch" in cols:
+        diff = _flat(frame, "sampler_mismatch").abs()
+        out["logprob_mismatch"] = {"mean_abs": _num(diff.mean()), "max_abs": _num(diff.max()), "tokens": diff.len()}
+    if "ref_log_ratio" in cols:
+        r = _flat(frame, "ref_log_ratio")  # log pi_sampler - log pi_ref, on tokens sampled from pi_sampler
+        out["kl_ref"] = {"k1": _num(r.mean()), "k3": _num(((-r).exp() + r - 1).mean()), "tokens": r.len()}
+    if "entropy" in cols:
+        out["entropy_mean"] = _num(_flat(frame, "entropy").mean())
+    if "log_ratio" in cols:
+        out["train_log_ratio_mean"] = _num(_flat(frame, "log_ratio").mean())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Rows to show: decoded prompt and completion, one value per token
+# ----------------------------------------------------------------------------------------------
+
+def select_rows(frame: pl.DataFrame, *, show: int | None, prompt_ids: list[int] | None) -> pl.DataFrame:
+    """The rows to print: every sample of the given prompts and/or the first ``show`` rows."""
+    if prompt_ids:
+        if "prompt_id" not in frame.columns:
+            raise ArtifactError("--prompt-id: the inspected table has no prompt_id column")
+        frame = frame.filter(pl.col("prompt_id").is_in(prompt_ids))
+        if frame.height == 0:
+            raise ArtifactError(f"--prompt-id {prompt_ids}: no such prompt among the selected rows")
+    if show is not None:
+        frame = frame.head(show)
+    return frame
+
+
+SCALAR_FIELDS = ("prompt_id", "sample_idx", "reward", "correct", "advantage", "completion_length", "finish_reason",
+                 "truncated", "filtered_reason", "score_error", "completion_text", "answer", "group_size",
+                 "group_reward_mean", "group_reward_std", "policy_version", "seq_logprob", "seq_kl_ref",
+                 "seq_mismatch_max", "seq_entropy")
+
+
+def row_records(rows: pl.DataFrame, *, decoder: TokenDecoder | None, color_by: str | None) -> list[dict[str, Any]]:
+    """JSON-ready rows: scalar fields, reward components, prompt text, token texts and per-token values."""
+    per_token = [c for c in COLOR_COLUMNS if c in rows.columns]
+    records = []
+    for row in rows.iter_rows(named=True):
+        rec: dict[str, Any] = {k: _json_value(row[k]) for k in SCALAR_FIELDS if k in row}
+        rec["components"] = {k.removeprefix("reward_"): _json_value(v) for k, v in row.items()
+                             if k.startswith("reward_")}
+        prompt = row.get("prompt")
+        if prompt is None and row.get("prompt_token_ids") is not None:
+            ids = list(row["prompt_token_ids"])
+            prompt = decoder.text(ids) if decoder else " ".join(map(str, ids))
+        rec["prompt"] = prompt
+        ids = row.get("completion_token_ids")
+        if ids is not None:
+            ids = list(ids)
+            rec["token_ids"] = ids
+            rec["tokens"] = decoder.pieces(ids) if decoder else fallback_pieces(row.get("completion_text"), ids)
+        rec["per_token"] = {c: [_json_value(v) for v in row[c]] for c in per_token if row[c] is not None}
+        rec["color_by"] = color_by
+        records.append(rec)
+    return records
+
+
+def _json_value(v: Any) -> Any:
+    if isinstance(v, float):
+        return _num(v)
+    return v
+
+
+def inspect_data(target: str | Path, *, eval_view: bool = False, where: str | None = None, sort: str | None = None,
+                 descending: bool = False, show: int | None = None, prompt_ids: list[int] | None = None,
+                 color_by: str | None = None, tokenizer: str | None = None) -> dict[str, Any]:
+    """Everything `rlpipe inspect` shows, as data: ``{"summary", "rows", "groups", "color_by", "tokenizer"}``.
+
+    ``rows`` is empty unless ``show`` or ``prompt_ids`` asks for rows; ``groups`` holds the full-group
+    statistics (size, reward mean/std, number correct) of every prompt that has a shown row.
+    """
+    from rlpipe.exprs import filter_frame, sort_frame
+
+    loaded = load(target, eval_view=eval_view)
+    full, warnings = joined_frame(loaded)
+    frame = full
+    if where:
+        frame = filter_frame(frame, where)
+    if sort:
+        frame = sort_frame(frame, sort, descending=descending)
+    summary = summarize(loaded, frame, total_rows=full.height, warnings=warnings)
+    result: dict[str, Any] = {"summary": summary, "rows": [], "groups": {}, "color_by": None, "tokenizer": None}
+    color = color_column(frame, color_by)  # options are validated even when no row is shown
+    decoder = find_decoder(loaded.model_dirs, tokenizer) if tokenizer else None
+    if show is None and not prompt_ids:
+        return result
+    decoder = decoder or find_decoder(loaded.model_dirs)
+    rows = select_rows(frame, show=show, prompt_ids=prompt_ids)
+    result["rows"] = row_records(rows, decoder=decoder, color_by=color)
+    result["color_by"] = color
+    result["tokenizer"] = str(decoder.path) if decoder else None
+    if "prompt_id" in full.columns and rows.height:
+        groups = group_table(full.filter(pl.col("prompt_id").is_in(rows["prompt_id"].unique().to_list())))
+        result["groups"] = {str(g["prompt_id"]): {k: _json_value(v) for k, v in g.items()}
+                            for g in groups.iter_rows(named=True)}
+    return result

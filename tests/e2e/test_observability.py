@@ -1,0 +1,102 @@
+"""End to end: `rlpipe inspect` / `rlpipe diff`, `dvc metrics`, `dvc plots` and `dvc exp` on a real iteration."""
+from __future__ import annotations
+
+import csv
+import json
+import re
+
+import pytest
+
+from rlpipe.io import read_json
+from tests.e2e.conftest import run
+from tests.test_docs import doc_test_blocks
+
+pytestmark = pytest.mark.slow
+
+ITERATION_PLOTS = ["accuracy per iteration (held-out greedy, train samples)", "reward per iteration",
+                   "KL per iteration (to the reference, to pi_old)", "clip fraction and entropy per iteration",
+                   "completion length per iteration"]
+STEP_PLOTS = ["plots/train_steps.csv", "train clip fraction per step",
+              "train KL per step (approx KL to pi_old, KL to the reference)",
+              "train grad norm per step (before clipping)"]
+
+
+def test_inspect_agrees_with_the_stage_metrics(reproduced, tmp_path):
+    data = json.loads(run(["rlpipe", "inspect", ".", "--json"], reproduced).stdout)
+    s = data["summary"]
+    assert s["rows_total"] == 64 and s["warnings"] == [] and s["missing"] == {}
+    assert [a["role"] for a in s["artifacts"]] == ["rollouts", "scores", "ref_logprobs", "advantages",
+                                                     "token_stats", "prompts"]
+    score, advantage = read_json(reproduced / "metrics/score.json"), read_json(reproduced / "metrics/advantage.json")
+    generate = read_json(reproduced / "metrics/generate.json")
+    assert s["reward"]["mean"] == pytest.approx(score["reward_mean"])
+    assert s["accuracy"] == pytest.approx(score["accuracy"])
+    assert s["groups"]["zero_variance_share"] == pytest.approx(advantage["zero_variance_groups"] / 16)
+    assert s["length"]["mean"] == pytest.approx(generate["length_mean"])
+    assert s["truncation_rate"] == pytest.approx(generate["truncation_rate"])
+    assert s["logprob_mismatch"]["mean_abs"] < 1e-4  # the trainer recomputes the sampler's log-probs (fp32 CPU)
+    assert abs(s["kl_ref"]["k1"]) < 1e-4  # iteration 0: the reference is the sampling policy
+
+    page = tmp_path / "report.html"
+    out = run(["rlpipe", "inspect", ".", "--sort", "reward", "--desc", "--show", "5", "--html", str(page)],
+              reproduced).stdout
+    assert "colour = token_advantages" in out
+    shown = json.loads(run(["rlpipe", "inspect", ".", "--sort", "reward", "--desc", "--show", "5", "--json"],
+                           reproduced).stdout)["rows"]
+    spans = re.findall(r'<span class="tok" style="background:#[0-9a-f]{6}"', page.read_text())
+    assert len(spans) == sum(r["completion_length"] for r in shown)
+    assert shown[0]["prompt"] in page.read_text()
+
+
+def test_metrics_plots_and_diff_after_iterate(project_copy):
+    root = project_copy
+    run(["rlpipe", "iterate"], root)
+    table = list(csv.DictReader((root / "plots/iterations.csv").open()))
+    assert [r["iteration"] for r in table] == ["0"]
+    assert float(table[0]["eval_accuracy"]) == read_json(root / "metrics/evaluate.json")["accuracy"]
+
+    shown = json.loads(run(["dvc", "metrics", "show", "--json"], root).stdout)
+    assert len(shown) == 1  # the workspace (its key is "" or "workspace", depending on the DVC version)
+    workspace = next(iter(shown.values()))["data"]
+    assert {f"metrics/{s}.json" for s in ("generate", "score", "train", "evaluate")} <= set(workspace)
+    evaluate = workspace["metrics/evaluate.json"]["data"]
+    assert "accuracy" in evaluate and "total" in evaluate["seconds"]
+    assert json.loads(run(["dvc", "metrics", "diff", "iteration-0", "--all", "--json"], root).stdout) is not None
+
+    plots = json.loads(run(["dvc", "plots", "show", "--json"], root).stdout)
+    assert "errors" not in plots, plots.get("errors")
+    assert set(plots["data"]) == set(ITERATION_PLOTS + STEP_PLOTS)
+    accuracy = plots["data"][ITERATION_PLOTS[0]][0]["content"]["data"]["values"]
+    assert {v["field"] for v in accuracy} == {"eval_accuracy", "train_accuracy"}
+    steps = plots["data"]["plots/train_steps.csv"][0]["content"]
+    assert steps["encoding"]["x"]["field"] == "step" and len(steps["data"]["values"]) == 4
+    diffed = json.loads(run(["dvc", "plots", "diff", "iteration-0", "--json"], root).stdout)
+    assert set(diffed["data"][ITERATION_PLOTS[0]][0]["revisions"]) == {"iteration-0", "workspace"}
+
+    # A git tag on one side: metrics through git, eval rollouts through DVC from the cache.
+    data = json.loads(run(["rlpipe", "diff", "iteration-0", ".", "--json"], root).stdout)
+    assert data["a"] == "iteration-0" and data["notes"] == []
+    assert data["flips"]["compared"] == 24
+    assert (data["flips"]["wrong_to_right"], data["flips"]["right_to_wrong"]) == (0, 0)
+    assert data["flips"]["examples_wrong_to_right"] == []
+    accuracy_row = next(m for m in data["metrics"] if m["metric"] == "eval accuracy")
+    assert accuracy_row["delta"] == 0.0
+    assert "eval accuracy" in run(["rlpipe", "diff", "0", "."], root).stdout
+
+
+def test_exp_run_sweeps_a_param_and_exp_show_lists_the_metrics(project_copy):
+    """Runs the `dvc exp` block of docs/metrics-and-plots.md (a doc-test) and checks what it did."""
+    root = project_copy
+    [code] = [c for page, _, c in doc_test_blocks() if "dvc exp run -S train.lr=5e-5" in c]
+    proc = run(["bash", "-euo", "pipefail", "-c", code], root)
+    assert "Running stage 'train'" in proc.stdout and "Running stage 'generate'" not in proc.stdout
+    assert "Running stage 'evaluate'" in proc.stdout
+    assert "metrics/evaluate.json:accuracy" in proc.stdout and "5e-05" in proc.stdout  # the doc's exp show table
+    shown = json.loads(run(["dvc", "exp", "show", "--json"], root).stdout)
+    exps = [e for base in shown for e in (base.get("experiments") or [])]
+    assert len(exps) == 1
+    data = exps[0]["revs"][0]["data"]
+    assert data["params"]["params.yaml"]["data"]["train"]["lr"] == 5e-5
+    metrics = data["metrics"]
+    assert set(metrics["metrics/evaluate.json"]["data"]) >= {"accuracy", "reward_mean"}
+    assert set(metrics["metrics/train.json"]["data"]) >= {"kl_ref", "clip_fraction", "approx_kl_old"}

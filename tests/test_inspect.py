@@ -1,0 +1,125 @@
+"""rlpipe.inspect on a hand-made iteration (tests/inspect_project.py): every number computed by hand."""
+import math
+
+import polars as pl
+import pytest
+
+from rlpipe.decode import fallback_pieces
+from rlpipe.errors import ArtifactError
+from rlpipe.inspect import inspect_data, joined_frame, load
+from rlpipe.io import read_artifact, write_artifact
+from rlpipe.schema import SCORES
+from tests.inspect_project import make_project
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    return make_project(tmp_path_factory.mktemp("inspect") / "proj")
+
+
+def test_joins_every_artifact_on_the_keys(project):
+    frame, warnings = joined_frame(load(project))
+    assert warnings == []
+    assert frame.height == 6
+    assert frame.select("prompt_id", "sample_idx").rows() == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    for col in ("reward", "ref_logprobs", "token_advantages", "old_logprobs", "prompt", "answer", "log_ratio",
+                "sampler_mismatch", "ref_log_ratio", "seq_kl_ref", "seq_mismatch_max", "seq_entropy", "seq_logprob"):
+        assert col in frame.columns, col
+    assert frame["prompt"].to_list() == ["1+1="] * 2 + ["2+3="] * 2 + ["4+4="] * 2
+    # row (1, 1): old = sampler - 0.1 on its first token -> the largest |old - sampler| is 0.1
+    assert frame["seq_mismatch_max"].to_list()[3] == pytest.approx(0.1, abs=1e-6)
+    assert frame["seq_kl_ref"].to_list() == pytest.approx([0.5] * 6, abs=1e-6)  # ref = sampler - 0.5
+    assert frame["seq_logprob"].to_list()[0] == pytest.approx(-0.1 + -0.2, abs=1e-6)
+
+
+def test_summary_statistics_by_hand(project):
+    s = inspect_data(project)["summary"]
+    assert (s["rows_selected"], s["rows_total"]) == (6, 6)
+    assert [a["role"] for a in s["artifacts"]] == ["rollouts", "scores", "ref_logprobs", "advantages",
+                                                     "token_stats", "prompts"]
+    assert s["artifacts"][0]["columns"]["completion_token_ids"] == "List(Int32)"
+    # rewards 1.5, 1.5, 1.5, 0, 0, 1.5: mean 1.0; deviations +-0.5 (x4) and -1 (x2): sample var 3/5
+    assert s["reward"]["mean"] == pytest.approx(1.0)
+    assert s["reward"]["std"] == pytest.approx(math.sqrt(0.6))
+    assert s["components"]["exact_answer"]["mean"] == pytest.approx(4 / 5)  # the errored row is null
+    assert s["accuracy"] == pytest.approx(4 / 5)  # 4 of the 5 judged rows
+    assert s["groups"]["count"] == 3
+    assert s["groups"]["zero_variance_share"] == pytest.approx(1 / 3)  # group 0: 1.5, 1.5
+    assert s["groups"]["correct_per_group"] == [{"correct": 1, "of": 2, "groups": 2},
+                                                {"correct": 2, "of": 2, "groups": 1}]
+    assert s["filtered"] == {"zero_variance_group": 2}
+    assert s["truncation_rate"] == pytest.approx(1 / 6)
+    assert s["length"]["histogram"] == [{"from": 2, "to": 2, "count": 6}]
+    assert s["scorer_errors"] == {"ValueError": 1}
+    assert s["logprob_mismatch"]["mean_abs"] == pytest.approx(0.1 / 12, abs=1e-6)
+    assert s["logprob_mismatch"]["tokens"] == 12
+    # r = log pi_sampler - log pi_ref = 0.5 on every token: k1 = 0.5, k3 = exp(-r) + r - 1
+    assert s["kl_ref"]["k1"] == pytest.approx(0.5, abs=1e-6)
+    assert s["kl_ref"]["k3"] == pytest.approx(math.exp(-0.5) - 0.5, abs=1e-6)
+    assert s["entropy_mean"] == pytest.approx(1.0)
+    assert s["train_log_ratio_mean"] == pytest.approx(0.05, abs=1e-6)
+
+
+def test_where_sort_and_rows(project):
+    data = inspect_data(project, where="reward > 0 AND NOT truncated", sort="advantage", descending=True, show=2,
+                        color_by="advantage")
+    assert data["summary"]["rows_selected"] == 4
+    assert [(r["prompt_id"], r["sample_idx"]) for r in data["rows"]] == [(1, 0), (2, 1)]
+    row = data["rows"][0]
+    assert row["prompt"] == "2+3=" and row["answer"] == "5"
+    assert row["tokens"] == ["5", "<eos>"]  # decoded with the model directory's tokenizer.json
+    assert data["color_by"] == "token_advantages"
+    assert row["per_token"]["token_advantages"] == pytest.approx([0.7071, 0.7071], abs=1e-4)
+    assert data["groups"]["1"]["size"] == 2 and data["groups"]["1"]["num_correct"] == 1
+
+
+def test_prompt_id_shows_the_whole_group(project):
+    data = inspect_data(project, prompt_ids=[2])
+    assert [(r["sample_idx"], r["tokens"]) for r in data["rows"]] == [(0, ["8", "8"]), (1, ["8", "<eos>"])]
+    assert data["rows"][0]["score_error"] == "ValueError: boom"
+    with pytest.raises(ArtifactError, match="no such prompt"):
+        inspect_data(project, prompt_ids=[99])
+
+
+def test_eval_view_reads_the_held_out_rollouts(project):
+    data = inspect_data(project, eval_view=True, show=4)
+    s = data["summary"]
+    assert [a["role"] for a in s["artifacts"]] == ["eval_rollouts", "prompts"]
+    assert s["accuracy"] == pytest.approx(0.5)  # True, False, False, True
+    assert data["rows"][1]["prompt"] == "2+2="
+
+
+def test_single_file_and_fallback_without_tokenizer(tmp_path):
+    root = make_project(tmp_path / "p", with_tokenizer=False)
+    data = inspect_data(root / "a/rollouts.parquet", show=6)
+    assert data["summary"]["view"] == "rollouts" and data["tokenizer"] is None
+    assert data["rows"][4]["tokens"] == ["8", "8"]  # "88", two tokens: one character each
+    assert data["rows"][0]["tokens"] == ["2", "⟨2⟩"]  # EOS is not in the text: shown as its id
+    assert fallback_pieces("abc", [5, 6]) == ["⟨5⟩", "⟨6⟩"]
+
+
+def test_stale_artifact_is_reported_not_joined_silently(tmp_path):
+    root = make_project(tmp_path / "p", with_tokenizer=False)
+    scores = read_artifact(root / "a/scores.parquet", SCORES).frame
+    write_artifact(scores, root / "a/scores.parquet", SCORES, metadata={"policy_version": 7})
+    _, warnings = joined_frame(load(root))
+    assert any("policy version 7" in w for w in warnings)
+    write_artifact(scores.filter(pl.col("prompt_id") != 2), root / "a/scores.parquet", SCORES,
+                   metadata={"policy_version": 0})
+    frame, warnings = joined_frame(load(root))
+    assert any(w.startswith("scores not joined: keys do not match") for w in warnings)
+    assert "reward" not in frame.columns
+
+
+def test_missing_and_bad_inputs(tmp_path):
+    with pytest.raises(ArtifactError, match="no such file or directory"):
+        load(tmp_path / "nope")
+    with pytest.raises(ArtifactError, match="no params.yaml"):
+        load(tmp_path)
+    (tmp_path / "x.parquet").write_text("not parquet")
+    with pytest.raises(ArtifactError, match="not a readable Parquet file"):
+        load(tmp_path / "x.parquet")
+    root = make_project(tmp_path / "p", with_tokenizer=False)
+    (root / "a/rollouts.parquet").unlink()
+    with pytest.raises(ArtifactError, match="rollouts.parquet: not found; run `dvc repro`"):
+        load(root)
