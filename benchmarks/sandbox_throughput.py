@@ -88,7 +88,7 @@ def table(program: str, rows: int) -> pl.DataFrame:
 
 def rows_per_s(program: str, rows: int, workers: int, repeats: int) -> float:
     cfg = ScoreConfig(rewards=(RewardEntry("code_tests", 1.0, OPTIONS),), accuracy_reward="code_tests",
-                      fallback_reward=0.0, max_error_fraction=0.0, workers=workers)
+                      fallback_reward=0.0, max_error_fraction=0.0, workers=workers, row_timeout_s=None)
     frame = table(program, rows)
     times = []
     for _ in range(repeats):

@@ -12,6 +12,7 @@ import polars as pl
 
 from rlpipe.algorithms.advantages import get_advantage_estimator
 from rlpipe.config import AdvantageConfig
+from rlpipe.errors import ArtifactError
 
 FILTER_ZERO_VARIANCE = "zero_variance_group"
 FILTER_TRUNCATED = "truncated"
@@ -26,6 +27,23 @@ def padded_mask(lengths: np.ndarray) -> np.ndarray:
 def estimator_options(cfg: AdvantageConfig) -> dict[str, Any]:
     """The hyperparameters each estimator reads, from one config section."""
     return {"grpo": {"std_mode": cfg.std_mode, "eps": cfg.eps}}.get(cfg.estimator, {})
+
+
+def check_finite_rewards(rows: pl.DataFrame, source: str) -> None:
+    """Refuse NaN/inf rewards, naming the rows.
+
+    Why refuse rather than treat: one NaN reward makes its whole group's mean and std NaN, so every
+    advantage of the group, and any loss it enters, is NaN. Dropping or zeroing such rows would
+    train quietly on a reward that is broken; the score stage never writes one (a reward returning
+    NaN is a row error with the fallback reward), so a NaN here means the table was produced or
+    edited elsewhere, and the user must look at it.
+    """
+    bad = rows.filter(~pl.col("reward").is_finite() | pl.col("reward").is_null())
+    if bad.height:
+        shown = ", ".join(f"(prompt_id={r['prompt_id']}, sample_idx={r['sample_idx']}, reward={r['reward']})"
+                          for r in bad.head(5).iter_rows(named=True))
+        raise ArtifactError(f"{source}: column 'reward' has {bad.height} non-finite value(s) (NaN/inf/null): {shown}"
+                            + (" ..." if bad.height > 5 else ""))
 
 
 def compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig) -> tuple[pl.DataFrame, dict[str, Any]]:

@@ -126,6 +126,7 @@ class ScoreConfig:
     fallback_reward: float  # reward of a row whose reward function raised
     max_error_fraction: float  # the stage fails if more rows than this errored
     workers: int  # rows scored at once by a thread pool (code_tests runs a process per row); never changes results
+    row_timeout_s: float | None  # wall clock per row for all its rewards; past it the row is a TimeoutError; null = none
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,8 @@ class TrainConfig:
     device: str
     dtype: Literal["float32", "bfloat16"]  # autocast dtype of the forward pass; weights and AdamW stay float32
     chunk_size: int
+    max_skipped_steps: int  # optimizer steps skipped for a non-finite loss/grad allowed before the stage fails
+    checkpoint_every_steps: int  # save a resume state every N optimizer steps (a killed stage resumes); 0 = off
 
 
 @dataclass(frozen=True)
@@ -324,5 +327,8 @@ def _check_consistency(params: Params, path: Path) -> None:
     need(0 <= params.score.max_error_fraction <= 1, "score.max_error_fraction must be in [0, 1]")
     need(len(params.score.rewards) >= 1, "score.rewards must name at least one reward function")
     need(params.score.workers >= 1, "score.workers must be >= 1")
+    need(params.score.row_timeout_s is None or params.score.row_timeout_s > 0, "score.row_timeout_s must be > 0 or null")
+    need(t.max_skipped_steps >= 0, "train.max_skipped_steps must be >= 0")
+    need(t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps must be >= 0 (0 = off)")
     need(params.reference.refresh_every >= 0, "reference.refresh_every must be >= 0")
     need(params.iterate.keep_checkpoints >= 0, "iterate.keep_checkpoints must be >= 0 (0 = keep all)")

@@ -31,15 +31,19 @@ def select_prompts(prompts: pl.DataFrame, *, count: int, seed: int, iteration: i
     return prompts.filter(pl.col("prompt_id").is_in(chosen.tolist())).sort("prompt_id")
 
 
-def check_context(prompts: pl.DataFrame, *, max_new_tokens: int, context_length: int | None, source: str) -> None:
-    """Fail before sampling if a prompt plus the longest completion cannot fit the model's context."""
+def check_context(prompts: pl.DataFrame, *, max_new_tokens: int, context_length: int | None, source: str,
+                  setting: str) -> None:
+    """Fail before sampling if a prompt plus the longest completion cannot fit the model's context.
+
+    ``setting``: the params key of ``max_new_tokens`` (generate's or evaluate's), named in the error.
+    """
     if context_length is None:
         return
     lengths = prompts["prompt_token_ids"].list.len()
     worst = int(lengths.max())
     if worst + max_new_tokens > context_length:
         pid = prompts["prompt_id"][int(lengths.arg_max())]
-        raise ArtifactError(f"{source}: prompt_id {pid} has {worst} tokens; with generate.max_new_tokens="
+        raise ArtifactError(f"{source}: prompt_id {pid} has {worst} tokens; with {setting}="
                             f"{max_new_tokens} that exceeds the model's context of {context_length} tokens")
 
 

@@ -8,11 +8,19 @@ With ``workers > 1`` a thread pool scores several rows at once (worth it when a 
 a subprocess, as `code_tests` does); rows are still assembled in input order, so the table and
 metrics are the same for any worker count. Rewards run from several threads must be thread-safe
 (the built-in ones are pure functions).
+
+``row_timeout_s`` bounds the wall clock of one row (all its rewards): the call runs in a daemon
+thread, and past the limit the row becomes a ``TimeoutError`` row error and the stage moves on.
+Python cannot kill a thread, so a reward that truly hangs keeps its thread (and whatever it holds)
+busy until the stage's process exits; a hung pure-Python loop also competes for the GIL. Rewards
+that run untrusted code should bound themselves in a process, as `code_tests` does (its own
+wall-clock and CPU limits, see docs/reliability.md); the row timeout is the backstop for any other.
 """
 from __future__ import annotations
 
 import functools
 import json
+import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator
@@ -56,7 +64,7 @@ def score_rows(rows: pl.DataFrame, cfg: ScoreConfig, *, progress: Any = None) ->
     out.update({col: [] for col in columns.values()})
     errors_by_kind: dict[str, int] = {}
     details: dict[str, dict[str, int]] = {}
-    score_one = functools.partial(_score_row, specs=specs, fns=fns)
+    score_one = functools.partial(_score_row, specs=specs, fns=fns, timeout_s=cfg.row_timeout_s)
     for result in _ordered_map(score_one, rows.iter_rows(named=True), cfg.workers):
         if progress is not None:
             progress(1)
@@ -95,13 +103,26 @@ def score_rows(rows: pl.DataFrame, cfg: ScoreConfig, *, progress: Any = None) ->
     return frame, score_metrics(frame, columns, errors_by_kind, details)
 
 
-def _score_row(row: dict[str, Any], specs: list[RewardSpec], fns: Any) -> tuple | Exception:
-    """One row's (components, total, details), or the exception a reward raised on it."""
+def _score_row(row: dict[str, Any], specs: list[RewardSpec], fns: Any, timeout_s: float | None) -> tuple | Exception:
+    """One row's (components, total, details), or the exception a reward raised on it (or a TimeoutError)."""
     sample = Sample(prompt=row["prompt"], completion=row["completion_text"], answer=row["answer"],
                     metadata=json.loads(row["metadata"]) if row["metadata"] else {},
                     completion_tokens=row["completion_length"], truncated=row["truncated"])
+    if timeout_s is None:
+        return _caught(score_sample_details, sample, specs, fns)
+    box: list = []
+    worker = threading.Thread(target=lambda: box.append(_caught(score_sample_details, sample, specs, fns)),
+                              name="score-row", daemon=True)  # daemon: a hung reward cannot block the exit
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive() or not box:
+        return TimeoutError(f"the row's rewards ran past score.row_timeout_s={timeout_s} s and were abandoned")
+    return box[0]
+
+
+def _caught(fn: Callable[..., Any], *args: Any) -> Any:
     try:
-        return score_sample_details(sample, specs, fns)
+        return fn(*args)
     except Exception as e:  # noqa: BLE001 - any failure of user code is a per-row error
         return e
 

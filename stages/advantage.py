@@ -7,7 +7,7 @@ import rlpipe.stage as stage  # first: starts the stage clock
 
 import typer
 
-from rlpipe.advantage import compute_advantages
+from rlpipe.advantage import check_finite_rewards, compute_advantages
 from rlpipe.config import load_params
 from rlpipe.io import join_on_keys, read_artifact, write_artifact
 from rlpipe.schema import ADVANTAGES, ROLLOUTS, SCORES
@@ -28,6 +28,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     with timer.phase("read"):
         roll = read_artifact(rollouts, ROLLOUTS)
         rows = join_on_keys(roll, read_artifact(scores, SCORES), columns=["reward"])
+        check_finite_rewards(rows, scores)
     with timer.phase("compute"):
         adv, m = compute_advantages(rows.select("prompt_id", "sample_idx", "reward", "completion_length",
                                                 "truncated"), cfg)

@@ -9,8 +9,10 @@ import typer
 
 from rlpipe.config import load_params
 from rlpipe.evaluate import evaluate_policy
+from rlpipe.generate import check_context
 from rlpipe.io import read_artifact, write_artifact
-from rlpipe.models import eos_token_ids, load_model, load_tokenizer, read_policy_version, setup_torch
+from rlpipe.models import (eos_token_ids, load_model, load_tokenizer, read_model_config, read_policy_version,
+                           setup_torch)
 from rlpipe.schema import EVAL_ROLLOUTS, PROMPTS
 
 app = typer.Typer(add_completion=False)
@@ -31,6 +33,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     with timer.phase("read"):
         table = read_artifact(prompts, PROMPTS).frame
         tokenizer = load_tokenizer(policy)
+        check_context(table, max_new_tokens=cfg.max_new_tokens, source=prompts, setting="evaluate.max_new_tokens",
+                      context_length=getattr(read_model_config(policy), "max_position_embeddings", None))
         model = load_model(policy, device=cfg.device, dtype=cfg.dtype)
     version = read_policy_version(policy)
     with timer.phase("compute"):

@@ -40,7 +40,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         table = select_prompts(read_artifact(prompts, PROMPTS).frame, count=cfg.prompts_per_iteration,
                                seed=p.seed, iteration=p.iteration)
         tokenizer = load_tokenizer(policy)
-        check_context(table, max_new_tokens=cfg.max_new_tokens, source=prompts,
+        check_context(table, max_new_tokens=cfg.max_new_tokens, source=prompts, setting="generate.max_new_tokens",
                       context_length=getattr(read_model_config(policy), "max_position_embeddings", None))
         # Loads the weights (hf: here, with transformers; vllm: in its own workers, so CUDA stays
         # uninitialised in this process until then).

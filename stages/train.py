@@ -6,6 +6,8 @@
 """
 import rlpipe.stage as stage  # first: starts the stage clock
 
+import dataclasses
+
 import typer
 
 from rlpipe.config import load_params
@@ -15,6 +17,7 @@ from rlpipe.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKE
 from rlpipe.training.data import check_policy_version, training_data, training_frame
 from rlpipe.progress import stage_progress
 from rlpipe.training.loop import count_optimizer_steps, train_policy
+from rlpipe.training.resume import clear_state, load_state, resume_dir, resume_key, save_state
 from rlpipe.training.report import reward_stats, token_stats_frame, write_steps_csv
 
 app = typer.Typer(add_completion=False)
@@ -31,7 +34,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
          checkpoint: str = typer.Option(..., help="directory to write the trained model + tokenizer to"),
          token_stats: str = typer.Option(..., help="per-token trainer statistics table to write"),
          metrics: str = typer.Option(..., help="metrics JSON to write"),
-         steps: str = typer.Option(..., help="per-optimizer-step CSV to write (DVC plots)")) -> None:
+         steps: str = typer.Option(..., help="per-optimizer-step CSV to write (DVC plots)"),
+         resume_root: str = typer.Option(".rlpipe/resume", help="where a killed run's resume state is kept")) -> None:
     timer = stage.PhaseTimer()
     with timer.phase("setup"):
         p = load_params(params)
@@ -46,17 +50,26 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         model = load_model(policy, device=cfg.device, dtype="float32")
     with timer.phase("compute"):
         data = training_data(frame)
+        key = resume_key([rollouts, scores, ref_logprobs, advantages, policy],
+                         {"train": dataclasses.asdict(cfg), "seed": p.seed, "iteration": p.iteration,
+                          "torch_threads": p.torch_threads, "temperature": p.generate.temperature,
+                          "max_new_tokens": p.generate.max_new_tokens})
+        state_dir = resume_dir(resume_root, key)
+        state = load_state(state_dir)
         total = count_optimizer_steps(int(data.trainable.sum()), cfg)
         with stage_progress("train", total=total, unit="steps") as advance:
             result = train_policy(model, data, cfg, temperature=p.generate.temperature,
                                   pad_token_id=tokenizer.pad_token_id, seed=p.seed, iteration=p.iteration,
-                                  max_length=p.generate.max_new_tokens, progress=advance)
+                                  max_length=p.generate.max_new_tokens, progress=advance,
+                                  resume=state, save_state=lambda st: save_state(state_dir, st))
     with timer.phase("write"):
         save_checkpoint(model, tokenizer, checkpoint, policy_version=p.iteration + 1)
         write_artifact(token_stats_frame(frame, result), token_stats, TRAIN_TOKEN_STATS,
                        metadata={"policy_version": p.iteration})
         write_steps_csv(steps, result.steps)
-    m = {**result.metrics, **reward_stats(score_frame), "policy_version_out": p.iteration + 1}
+        clear_state(state_dir)
+    m = {**result.metrics, **reward_stats(score_frame), "policy_version_out": p.iteration + 1,
+         "resumed_from_step": int(state["step"]) if state else 0}
     stage.write_metrics(metrics, "train", m, timer)
     stage.summary_line("train", steps=m["optimizer_steps"], sequences=m["trained_sequences"],
                        seconds=timer.report()["total"], clip_fraction=round(m["clip_fraction"], 4),

@@ -5,7 +5,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from rlpipe.advantage import compute_advantages
+from rlpipe.advantage import check_finite_rewards, compute_advantages
+from rlpipe.errors import ArtifactError
 from rlpipe.config import AdvantageConfig
 from rlpipe.io import validate_frame
 from rlpipe.schema import ADVANTAGES
@@ -69,3 +70,12 @@ def test_dr_grpo_and_rloo_by_name():
     # A_0 = 1.0 - (0.8 + 0.4 + 0.2) / 3 = 0.5333
     assert rloo["advantage"][0] == pytest.approx(1.0 - 1.4 / 3)
     assert np.isfinite(rloo["advantage"].to_numpy()).all()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), None])
+def test_non_finite_rewards_are_refused_naming_the_rows(bad):
+    frame = rows().with_columns(pl.Series("reward", [1.0, bad, 0.4, 0.2, 0.5, 0.5, 1.0], dtype=pl.Float64))
+    with pytest.raises(ArtifactError, match=r"scores.parquet: column 'reward' has 1 non-finite value\(s\) .*"
+                                            r"\(prompt_id=7, sample_idx=1, reward="):
+        check_finite_rewards(frame, "scores.parquet")
+    check_finite_rewards(rows(), "scores.parquet")  # finite rewards pass

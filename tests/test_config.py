@@ -99,7 +99,7 @@ def test_unknown_nested_key_names_the_dotted_key_and_lists_valid_keys(tmp_path, 
     data["train"]["lrr"] = 1e-4
     msg = config_error(dump(tmp_path, data))
     assert "unknown key(s) ['train.lrr']" in msg
-    assert "valid keys: ['adam_beta1', 'adam_beta2', 'chunk_size', " in msg
+    assert "valid keys: ['adam_beta1', 'adam_beta2', 'checkpoint_every_steps', 'chunk_size', " in msg
     assert "'lr'" in msg and "'micro_batch_size'" in msg
 
 
@@ -257,6 +257,9 @@ def test_non_nullable_value_rejects_null(tmp_path, data):
         ("score", "max_error_fraction", 1.5, "score.max_error_fraction must be in [0, 1]"),
         ("score", "rewards", [], "score.rewards must name at least one reward function"),
         ("score", "workers", 0, "score.workers must be >= 1"),
+        ("score", "row_timeout_s", 0, "score.row_timeout_s must be > 0 or null"),
+        ("train", "max_skipped_steps", -1, "train.max_skipped_steps must be >= 0"),
+        ("train", "checkpoint_every_steps", -1, "train.checkpoint_every_steps must be >= 0"),
         ("reference", "refresh_every", -1, "reference.refresh_every must be >= 0"),
         ("iterate", "keep_checkpoints", -1, "iterate.keep_checkpoints must be >= 0"),
     ],

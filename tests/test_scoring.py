@@ -19,7 +19,7 @@ DIGITS = RewardEntry("digit_match", 0.5, {"answer_prefix": None})
 
 def cfg(rewards=(EXACT, DIGITS), **over):
     base = dict(rewards=tuple(rewards), accuracy_reward="exact_answer", fallback_reward=-1.0, max_error_fraction=0.5,
-                workers=1)
+                workers=1, row_timeout_s=None)
     return ScoreConfig(**{**base, **over})
 
 

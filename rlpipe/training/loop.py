@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -128,38 +128,79 @@ def count_optimizer_steps(num_trainable: int, cfg: TrainConfig) -> int:
 
 
 def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: float, pad_token_id: int,
-                 seed: int, iteration: int, max_length: int, progress: Any = None) -> TrainResult:
+                 seed: int, iteration: int, max_length: int, progress: Any = None,
+                 resume: dict[str, Any] | None = None,
+                 save_state: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
     """Run cfg.epochs x minibatches of PPO-style updates in place on ``model``; see module docstring.
 
+    A step whose loss or gradient norm is NaN/inf is skipped (no optimizer step, gradients zeroed)
+    and counted; more than ``cfg.max_skipped_steps`` of them raise TrainingError, since then the
+    data or the model is broken rather than one batch unlucky.
+
+    ``save_state``: called with the whole loop state (model, optimizer, shuffle order and generator,
+    step counter, step metrics, old log-probs) every ``cfg.checkpoint_every_steps`` steps.
+    ``resume``: such a state; the loop continues after its last step and ends exactly where an
+    uninterrupted run ends (same shuffles, same AdamW moments, same step metrics).
     ``progress``: optional callback, called with 1 after each optimizer step (see rlpipe.progress).
     """
     model.eval()  # no dropout: the recomputed old log-probs must equal pi_theta's at the first step
-    with torch.no_grad():
-        old, old_entropy = _all_logprobs(model, data, cfg, temperature=temperature, pad_token_id=pad_token_id,
-                                         with_entropy=True)
-    data.old_logprobs = old
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                   weight_decay=cfg.weight_decay, fused=torch.device(cfg.device).type == "cuda")
+    if resume is None:
+        with torch.no_grad():
+            old, old_entropy = _all_logprobs(model, data, cfg, temperature=temperature, pad_token_id=pad_token_id,
+                                             with_entropy=True)
+        done, skipped, steps = 0, 0, []
+    else:  # pi_old's log-probs come from the state: the model there has already moved
+        model.load_state_dict(resume["model"])
+        optimizer.load_state_dict(resume["optimizer"])
+        old = [t.numpy() for t in resume["old_logprobs"]]
+        old_entropy = [t.numpy() for t in resume["old_entropy"]]
+        done, skipped, steps = int(resume["step"]), int(resume["skipped_steps"]), list(resume["steps"])
+    data.old_logprobs = old
     trainable = np.flatnonzero(data.trainable)
-    steps: list[dict[str, float]] = []
-    for epoch in range(cfg.epochs):
+    per_epoch = math.ceil(len(trainable) / cfg.minibatch_size)
+    if progress is not None and done:
+        progress(done)
+    for epoch in range(done // per_epoch if per_epoch else cfg.epochs, cfg.epochs):
         gen = torch.Generator().manual_seed(derive_seed(seed, SHUFFLE_STREAM, iteration, epoch))
         order = trainable[torch.randperm(len(trainable), generator=gen).numpy()]
+        if resume is not None and resume["epoch"] == epoch:  # the saved shuffle, not a recomputed one
+            gen.set_state(resume["shuffle_rng"])
+            order = resume["order"].numpy()
         for start in range(0, len(order), cfg.minibatch_size):
-            minibatch = order[start:start + cfg.minibatch_size]
-            steps.append(_optimizer_step(model, optimizer, data, minibatch, cfg, temperature=temperature,
-                                         pad_token_id=pad_token_id, max_length=max_length,
-                                         step=len(steps), epoch=epoch))
+            step = epoch * per_epoch + start // cfg.minibatch_size
+            if step < done:
+                continue
+            record = _optimizer_step(model, optimizer, data, order[start:start + cfg.minibatch_size], cfg,
+                                     temperature=temperature, pad_token_id=pad_token_id, max_length=max_length,
+                                     step=step, epoch=epoch)
+            if record is None:
+                skipped += 1
+                if skipped > cfg.max_skipped_steps:
+                    raise TrainingError(
+                        f"{skipped} optimizer steps had a non-finite loss or gradient norm (last: epoch {epoch}, "
+                        f"step {step}), more than train.max_skipped_steps={cfg.max_skipped_steps}; no checkpoint "
+                        "was written (check rewards, advantages and log-probs for NaN/inf)")
+            else:
+                steps.append(record)
             if progress is not None:
                 progress(1)
+            if save_state is not None and cfg.checkpoint_every_steps and (step + 1) % cfg.checkpoint_every_steps == 0:
+                save_state({"step": step + 1, "skipped_steps": skipped, "steps": steps, "epoch": epoch,
+                            "order": torch.as_tensor(order), "shuffle_rng": gen.get_state(),
+                            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                            "old_logprobs": [torch.as_tensor(x) for x in old],
+                            "old_entropy": [torch.as_tensor(x) for x in old_entropy]})
     with torch.no_grad():
         new, _ = _all_logprobs(model, data, cfg, temperature=temperature, pad_token_id=pad_token_id,
                                with_entropy=False)
-    return TrainResult(metrics=_summary(steps, data, old, new, old_entropy), steps=steps, old_logprobs=old,
-                       old_entropy=old_entropy, new_logprobs=new)
+    metrics = {**_summary(steps, data, old, new, old_entropy), "skipped_steps": skipped}
+    return TrainResult(metrics=metrics, steps=steps, old_logprobs=old, old_entropy=old_entropy, new_logprobs=new)
 
 
 def _optimizer_step(model, optimizer, data, minibatch, cfg, *, temperature, pad_token_id, max_length, step, epoch):
+    """One optimizer step over ``minibatch``; None (and no update) if a loss or the gradient norm is not finite."""
     lengths = [len(data.completion_token_ids[i]) for i in minibatch]
     total_tokens = int(sum(lengths))
     total_sequences = int(sum(1 for n in lengths if n > 0))
@@ -170,15 +211,15 @@ def _optimizer_step(model, optimizer, data, minibatch, cfg, *, temperature, pad_
                                         total_tokens=total_tokens, total_sequences=total_sequences,
                                         max_length=max_length)
         if not torch.isfinite(loss):
-            raise TrainingError(f"non-finite loss ({float(loss.detach())}) at epoch {epoch}, optimizer step {step}; "
-                                "no checkpoint was written (check rewards and advantages for NaN/inf)")
+            optimizer.zero_grad(set_to_none=True)  # drop what earlier micro-batches accumulated
+            return None
         loss.backward()
         loss_sum += float(loss.detach())
         parts.append(health)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
     if not math.isfinite(grad_norm):
-        raise TrainingError(f"non-finite gradient norm at epoch {epoch}, optimizer step {step}; "
-                            "no checkpoint was written")
+        optimizer.zero_grad(set_to_none=True)
+        return None
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return {"step": step, "epoch": epoch, "loss": loss_sum, "grad_norm": grad_norm, "lr": cfg.lr,

@@ -463,7 +463,7 @@ def code_table(completions: list[str], task: str = "fib") -> pl.DataFrame:
 def stage_config(workers: int, timeout_s: float = 2.0) -> ScoreConfig:
     entry = RewardEntry("code_tests", 1.0, {**OPTIONS, "timeout_s": timeout_s})
     return ScoreConfig(rewards=(entry,), accuracy_reward="code_tests", fallback_reward=0.0, max_error_fraction=0.0,
-                       workers=workers)
+                       workers=workers, row_timeout_s=None)
 
 
 def test_score_stage_over_ordinary_rows_is_the_same_for_any_worker_count():

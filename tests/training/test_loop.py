@@ -1,4 +1,5 @@
 """The optimisation loop: split invariance, on-policy first step, filters, determinism, non-finite losses."""
+import copy
 import dataclasses
 
 import numpy as np
@@ -24,7 +25,8 @@ def config(**over):
     base = dict(policy_loss="ppo_clip", eps_low=0.2, eps_high=0.2, dual_clip_c=None, kl_beta=0.05, kl_estimator="k3",
                 loss_aggregation="seq-mean-token-mean", epochs=1, minibatch_size=8, micro_batch_size=8, lr=1e-2,
                 weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1e9, entropy_coef=0.01,
-                device="cpu", dtype="float32", chunk_size=3)
+                device="cpu", dtype="float32", chunk_size=3, max_skipped_steps=0,
+                checkpoint_every_steps=0)
     return TrainConfig(**{**base, **over})
 
 
@@ -124,3 +126,66 @@ def test_non_finite_advantage_stops_training():
 def test_config_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         config().lr = 1.0
+
+
+def poisoned(d: TrainingData, rows) -> TrainingData:
+    for i in rows:
+        d.token_advantages[i][:] = np.nan
+    return d
+
+
+def test_a_poisoned_minibatch_is_skipped_and_counted():
+    """Row 0 carries NaN advantages: the one minibatch holding it per epoch is skipped (weights untouched there)."""
+    cfg = config(epochs=2, minibatch_size=2, micro_batch_size=1, max_skipped_steps=2)
+    model, result = trained(cfg, poisoned(data(), [0]))
+    assert result.metrics["skipped_steps"] == 2
+    assert result.metrics["optimizer_steps"] == 2 * 4 - 2
+    assert [s["epoch"] for s in result.steps] == [0, 0, 0, 1, 1, 1]  # one of the 4 minibatches of each epoch
+    assert all(np.isfinite(s["loss"]) and np.isfinite(s["grad_norm"]) for s in result.steps)
+    assert torch.isfinite(flat(model)).all()
+    assert not torch.equal(flat(model), flat(tiny_model(0)))
+
+
+def test_a_skipped_step_leaves_no_gradient_behind():
+    """Micro-batch 1 is fine and 2 is NaN: the skipped step must not leak micro-batch 1's gradient into the next."""
+    d = poisoned(data(), [1])
+    d.trainable[:] = False
+    d.trainable[[0, 1]] = True
+    model, result = trained(config(minibatch_size=2, micro_batch_size=1, max_skipped_steps=1), d)
+    assert result.metrics["skipped_steps"] == 1 and result.steps == []
+    assert torch.equal(flat(model), flat(tiny_model(0)))
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_more_skipped_steps_than_allowed_fail_the_stage():
+    with pytest.raises(TrainingError, match=r"3 optimizer steps had a non-finite .* train.max_skipped_steps=2"):
+        trained(config(epochs=3, minibatch_size=8, max_skipped_steps=2), poisoned(data(), range(8)))
+
+
+def test_a_non_finite_gradient_is_skipped(monkeypatch):
+    calls = []
+
+    def clip(params, max_norm):
+        calls.append(1)
+        return torch.tensor(float("inf")) if len(calls) == 1 else torch.tensor(0.5)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    _, result = trained(config(epochs=2, minibatch_size=8, max_skipped_steps=1), data())
+    assert result.metrics["skipped_steps"] == 1
+    assert [s["step"] for s in result.steps] == [1]
+
+
+def test_resuming_from_a_saved_state_ends_with_the_same_weights_and_steps():
+    cfg = config(epochs=3, minibatch_size=3, micro_batch_size=2, checkpoint_every_steps=4)
+    states = []
+    full, full_result = trained(cfg, data())
+    model = tiny_model(0)
+    train_policy(model, data(), cfg, temperature=0.7, pad_token_id=PAD, seed=3, iteration=0, max_length=6,
+                 save_state=lambda st: states.append(copy.deepcopy(st)))
+    assert [s["step"] for s in states] == [4, 8]
+    for state in states:
+        resumed = tiny_model(0)
+        result = train_policy(resumed, data(), cfg, temperature=0.7, pad_token_id=PAD, seed=3, iteration=0,
+                              max_length=6, resume=state)
+        assert torch.equal(flat(resumed), flat(full))
+        assert result.steps == full_result.steps and result.metrics == full_result.metrics
