@@ -18,7 +18,7 @@ from rlpipe.training.data import check_policy_version, training_data, training_f
 from rlpipe.progress import stage_progress
 from rlpipe.training.loop import count_optimizer_steps, train_policy
 from rlpipe.training.resume import clear_state, load_state, resume_dir, resume_key, save_state
-from rlpipe.training.report import reward_stats, token_stats_frame, write_steps_csv
+from rlpipe.training.report import reward_stats, sampler_mismatch, token_stats_frame, write_steps_csv
 
 app = typer.Typer(add_completion=False)
 
@@ -68,7 +68,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
                        metadata={"policy_version": p.iteration})
         write_steps_csv(steps, result.steps)
         clear_state(state_dir)
-    m = {**result.metrics, **reward_stats(score_frame), "policy_version_out": p.iteration + 1,
+    m = {**result.metrics, **reward_stats(score_frame), **sampler_mismatch(frame, result.old_logprobs),
+         "policy_version_out": p.iteration + 1,
          "resumed_from_step": int(state["step"]) if state else 0}
     stage.write_metrics(metrics, "train", m, timer)
     stage.summary_line("train", steps=m["optimizer_steps"], sequences=m["trained_sequences"],

@@ -41,3 +41,17 @@ def reward_stats(scores: pl.DataFrame) -> dict[str, Any]:
         "reward_std": float(scores["reward"].std()) if scores.height > 1 else 0.0,
         "train_accuracy": float(scores["correct"].mean()) if scores["correct"].null_count() < scores.height else None,
     }
+
+
+def sampler_mismatch(frame: pl.DataFrame, old_logprobs: list[np.ndarray]) -> dict[str, float]:
+    """How far the sampler's log-probs are from the trainer's recomputed log pi_old (same weights).
+
+    ALGORITHMS.md asks for this every iteration: numerics (bf16, kernels) and top-k/top-p
+    renormalisation make them differ; a jump means the engines disagree.
+    """
+    sampler = np.concatenate([np.asarray(x, dtype=np.float64) for x in frame["sampler_logprobs"].to_list()] or [[]])
+    old = np.concatenate([np.asarray(x, dtype=np.float64) for x in old_logprobs] or [[]])
+    if sampler.size == 0:
+        return {"sampler_mismatch_mean_abs": 0.0, "sampler_mismatch_max_abs": 0.0}
+    diff = np.abs(old - sampler)
+    return {"sampler_mismatch_mean_abs": float(diff.mean()), "sampler_mismatch_max_abs": float(diff.max())}

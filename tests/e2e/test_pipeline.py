@@ -86,6 +86,9 @@ def test_first_update_starts_on_policy(reproduced):
     old = torch.tensor(stats["old_logprobs"].explode().to_numpy())
     sampler = torch.tensor(rollouts["sampler_logprobs"].explode().to_numpy())
     assert torch.allclose(old, sampler, atol=1e-4)
+    train = read_json(reproduced / "metrics/train.json")
+    assert train["sampler_mismatch_max_abs"] == pytest.approx(float((old - sampler).abs().max()), abs=1e-6)
+    assert train["sampler_mismatch_mean_abs"] < 1e-5
     steps = (reproduced / "plots/train_steps.csv").read_text().splitlines()
     header, first = steps[0].split(","), steps[1].split(",")
     assert float(first[header.index("ratio_max")]) == pytest.approx(1.0, abs=1e-5)

@@ -189,3 +189,15 @@ def test_resuming_from_a_saved_state_ends_with_the_same_weights_and_steps():
                               max_length=6, resume=state)
         assert torch.equal(flat(resumed), flat(full))
         assert result.steps == full_result.steps and result.metrics == full_result.metrics
+
+
+def test_sampler_mismatch_by_hand():
+    import polars as pl
+
+    from rlpipe.training.report import sampler_mismatch
+
+    frame = pl.DataFrame({"sampler_logprobs": [[-1.0, -2.0], [-0.5]]})
+    old = [np.array([-1.1, -2.0]), np.array([-0.2])]
+    # |diffs| = 0.1, 0.0, 0.3 -> mean 0.1333, max 0.3
+    assert sampler_mismatch(frame, old) == pytest.approx({"sampler_mismatch_mean_abs": 0.4 / 3,
+                                                          "sampler_mismatch_max_abs": 0.3})
