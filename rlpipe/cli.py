@@ -134,6 +134,22 @@ def _write_html(path: str, page: str) -> None:
     typer.echo(f"wrote {path}", err=True)
 
 
+def _show(build, *, to_html, to_terminal, html: Optional[str], as_json: bool) -> None:
+    """The shared tail of `inspect` and `diff`: build the view, optionally write HTML, print JSON or rich."""
+    try:
+        data = build()
+        if html:
+            _write_html(html, to_html(data))
+    except RlpipeError as e:
+        _fail(e)
+    if as_json:
+        _print_json(data)
+    else:
+        from rich.console import Console
+
+        to_terminal(Console(highlight=False), data)
+
+
 def _print_json(data: object) -> None:
     import json
 
@@ -166,19 +182,9 @@ def inspect(
     from rlpipe.inspect import inspect_data
     from rlpipe.render import inspect_html, print_inspect
 
-    try:
-        data = inspect_data(target, eval_view=eval_view, where=where, sort=sort, descending=desc, show=show,
-                            prompt_ids=prompt_id, color_by=color_by, tokenizer=tokenizer)
-        if html:
-            _write_html(html, inspect_html(data))
-    except RlpipeError as e:
-        _fail(e)
-    if as_json:
-        _print_json(data)
-    else:
-        from rich.console import Console
-
-        print_inspect(Console(highlight=False), data)
+    _show(lambda: inspect_data(target, eval_view=eval_view, where=where, sort=sort, descending=desc, show=show,
+                               prompt_ids=prompt_id, color_by=color_by, tokenizer=tokenizer),
+          to_html=inspect_html, to_terminal=print_inspect, html=html, as_json=as_json)
 
 
 @app.command()
@@ -195,18 +201,8 @@ def diff(
     from rlpipe.diff import diff_data
     from rlpipe.render import diff_html, print_diff
 
-    try:
-        data = diff_data(a, b, repo=repo, show=show)
-        if html:
-            _write_html(html, diff_html(data))
-    except RlpipeError as e:
-        _fail(e)
-    if as_json:
-        _print_json(data)
-    else:
-        from rich.console import Console
-
-        print_diff(Console(highlight=False), data)
+    _show(lambda: diff_data(a, b, repo=repo, show=show), to_html=diff_html, to_terminal=print_diff, html=html,
+          as_json=as_json)
 
 
 if __name__ == "__main__":

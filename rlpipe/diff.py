@@ -34,7 +34,7 @@ HEADLINES = (
     ("train sample accuracy", "score", ("accuracy",)),
     ("train completion length", "generate", ("length_mean",)),
     ("train truncation rate", "generate", ("truncation_rate",)),
-    ("zero-variance group share", "advantage", ("zero_variance_group_fraction", "zero_variance_fraction")),
+    ("zero-variance group share", "advantage", ("zero_variance_fraction",)),
     ("KL to reference (trainer, kl_ref)", "train", ("kl_ref",)),
     ("KL sampler vs reference (k1)", "reference_logprob", ("kl_sampler_ref_k1",)),
     ("clip fraction", "train", ("clip_fraction",)),

@@ -102,6 +102,20 @@ def write_json(path: str | os.PathLike, data: Any) -> None:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
+CHECKPOINT_INFO = "rlpipe.json"  # written beside config.json in every checkpoint rlpipe saves
+
+
+def read_policy_version(model_dir: str | os.PathLike) -> int | None:
+    """The policy version rlpipe stored in a checkpoint, or None for a model rlpipe did not write.
+
+    Lives here, not in rlpipe.models, so that `rlpipe iterate` can read it without importing torch.
+    """
+    f = Path(model_dir) / CHECKPOINT_INFO
+    if not f.is_file():
+        return None
+    return int(json.loads(f.read_text())["policy_version"])
+
+
 def read_json(path: str | os.PathLike) -> Any:
     p = Path(path)
     if not p.is_file():

@@ -32,7 +32,7 @@ import yaml
 from rlpipe.config import Params, load_params
 from rlpipe.errors import RlpipeError
 from rlpipe.history import HISTORY_CSV, write_history_csv
-from rlpipe.io import atomic_path, read_json
+from rlpipe.io import atomic_path, read_json, read_policy_version
 
 STATE_POLICY = "state/policy"
 STATE_REFERENCE = "state/reference"
@@ -154,11 +154,6 @@ def _replace_dir(src: Path, dst: Path) -> None:
         shutil.copytree(src, tmp)
 
 
-def _policy_version(model_dir: Path) -> int | None:
-    info = model_dir / "rlpipe.json"
-    return json.loads(info.read_text())["policy_version"] if info.is_file() else None
-
-
 def _git_commit_of(root: Path, ref: str) -> str | None:
     proc = subprocess.run(["git", "rev-parse", "-q", "--verify", f"{ref}^{{commit}}"], cwd=root,
                           capture_output=True, text=True)
@@ -177,12 +172,12 @@ def handover_started(root: Path, params: Params) -> bool:
     with the new policy under the old iteration number (which generate refuses).
     """
     k = params.iteration
-    if _policy_version(root / params.paths.checkpoint) != k + 1:
+    if read_policy_version(root / params.paths.checkpoint) != k + 1:
         return False
     state = root / STATE_POLICY
     # Killed inside the directory swap of atomic_path: the old copy is moved aside, the new one not yet in place.
     mid_swap = not state.exists() and any(state.parent.glob(f".{state.name}.tmp-*"))
-    return mid_swap or _policy_version(state) == k + 1
+    return mid_swap or read_policy_version(state) == k + 1
 
 
 def finish_interrupted_start(root: Path, *, params_file: str = "params.yaml") -> bool:
@@ -222,7 +217,7 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
     params = load_params(root / params_file)
     k = params.iteration
     ckpt = root / params.paths.checkpoint
-    version = _policy_version(ckpt)
+    version = read_policy_version(ckpt)
     if version is None:
         raise RlpipeError(f"{ckpt}: no trained checkpoint; run `dvc repro` for iteration {k} first")
     if version != k + 1:

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from rlpipe.errors import ArtifactError
+from rlpipe.io import CHECKPOINT_INFO, atomic_path, read_policy_version  # noqa: F401  (re-exported for stages)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -23,7 +24,6 @@ import transformers  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()  # per-shard bars drown the one summary line per stage
 
-RLPIPE_INFO = "rlpipe.json"  # written beside config.json in every checkpoint rlpipe saves
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -121,20 +121,10 @@ def model_eos_token_ids(path: str | Path, tokenizer: Any) -> list[int]:
     return eos_token_ids(SimpleNamespace(generation_config=generation), tokenizer)
 
 
-def read_policy_version(path: str | Path) -> int | None:
-    """The version rlpipe stored in a checkpoint, or None for a model rlpipe did not write."""
-    f = Path(path) / RLPIPE_INFO
-    if not f.is_file():
-        return None
-    return int(json.loads(f.read_text())["policy_version"])
-
-
 def save_checkpoint(model: Any, tokenizer: Any, out_dir: str | Path, *, policy_version: int) -> None:
     """Save model + tokenizer atomically (temp dir + rename), tagged with the policy version."""
-    from rlpipe.io import atomic_path
-
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
-        (tmp / RLPIPE_INFO).write_text(json.dumps({"policy_version": policy_version}, sort_keys=True) + "\n")
+        (tmp / CHECKPOINT_INFO).write_text(json.dumps({"policy_version": policy_version}, sort_keys=True) + "\n")

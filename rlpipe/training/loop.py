@@ -166,7 +166,6 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
         gen = torch.Generator().manual_seed(derive_seed(seed, SHUFFLE_STREAM, iteration, epoch))
         order = trainable[torch.randperm(len(trainable), generator=gen).numpy()]
         if resume is not None and resume["epoch"] == epoch:  # the saved shuffle, not a recomputed one
-            gen.set_state(resume["shuffle_rng"])
             order = resume["order"].numpy()
         for start in range(0, len(order), cfg.minibatch_size):
             step = epoch * per_epoch + start // cfg.minibatch_size
@@ -188,7 +187,7 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
                 progress(1)
             if save_state is not None and cfg.checkpoint_every_steps and (step + 1) % cfg.checkpoint_every_steps == 0:
                 save_state({"step": step + 1, "skipped_steps": skipped, "steps": steps, "epoch": epoch,
-                            "order": torch.as_tensor(order), "shuffle_rng": gen.get_state(),
+                            "order": torch.as_tensor(order),
                             "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                             "old_logprobs": [torch.as_tensor(x) for x in old],
                             "old_entropy": [torch.as_tensor(x) for x in old_entropy]})
