@@ -1,7 +1,13 @@
-"""The advantage stage's logic: group statistics, advantages per sample and per token, DAPO filters.
+"""The advantage stage's logic: group statistics, advantages per sample and per token, DAPO filters,
+and for the token-reward estimators (reinforce_plus_plus, gae) the KL-in-reward with its adaptive
+controller.
 
 numpy/polars only (no torch, no model), so this stage starts and finishes in about a second and a
 reward change re-runs it cheaply.
+
+The KL penalty in the reward uses the *sampler's* log-probs as log pi_old: the trainer recomputes
+pi_old only inside train, after this stage. With the HF engine the two agree to ~1e-7 on CPU; with
+vLLM the gap is reported every iteration (train metrics ``sampler_mismatch_*``).
 """
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from rlpipe.algorithms.advantages import get_advantage_estimator
+from rlpipe.algorithms.advantages import adaptive_kl_beta, get_advantage_estimator, kl_penalized_token_rewards, token_kl
 from rlpipe.config import AdvantageConfig
 from rlpipe.errors import ArtifactError
 
@@ -26,7 +32,37 @@ def padded_mask(lengths: np.ndarray) -> np.ndarray:
 
 def estimator_options(cfg: AdvantageConfig) -> dict[str, Any]:
     """The hyperparameters each estimator reads, from one config section."""
-    return {"grpo": {"std_mode": cfg.std_mode, "eps": cfg.eps}}.get(cfg.estimator, {})
+    return {
+        "grpo": {"std_mode": cfg.std_mode, "eps": cfg.eps},
+        "reinforce_plus_plus": {"eps": cfg.eps},
+        "gae": {"gamma": cfg.gamma, "lam": cfg.lam, "eps": cfg.eps, "whiten": cfg.whiten},
+    }.get(cfg.estimator, {})
+
+
+def padded(rows: list, lengths: np.ndarray) -> np.ndarray:
+    """Ragged per-token lists -> [B, T] float64, 0 beyond each length."""
+    out = np.zeros((len(rows), int(lengths.max()) if lengths.size else 0), dtype=np.float64)
+    for i, (r, n) in enumerate(zip(rows, lengths)):
+        out[i, :n] = np.asarray(r, dtype=np.float64)[:n]
+    return out
+
+
+def kl_controller_state(cfg: AdvantageConfig, kl_B: np.ndarray | None) -> dict[str, Any]:
+    """The KL-in-reward controller's record for this iteration: the beta used and the next one.
+
+    ``kl_B``: each sequence's KL penalty summed over its tokens (None when the estimator puts no KL
+    in the reward). The next beta is what `rlpipe iterate` writes back to params.yaml, so the
+    controller's state travels with the project (git) from iteration to iteration and machine to machine.
+    """
+    k = cfg.kl_in_reward
+    state: dict[str, Any] = {"in_reward": kl_B is not None, "beta": k.beta, "estimator": k.estimator,
+                             "adaptive": k.adaptive, "target": k.target, "horizon": k.horizon}
+    if kl_B is None:
+        return {**state, "observed_kl": None, "num_samples": 0, "next_beta": k.beta}
+    observed = float(kl_B.mean()) if kl_B.size else 0.0
+    next_beta = (adaptive_kl_beta(k.beta, observed_kl=observed, target_kl=k.target, horizon=k.horizon,
+                                  num_samples=int(kl_B.size)) if k.adaptive else k.beta)
+    return {**state, "observed_kl": observed, "num_samples": int(kl_B.size), "next_beta": next_beta}
 
 
 def check_finite_rewards(rows: pl.DataFrame, source: str) -> None:
@@ -46,16 +82,26 @@ def check_finite_rewards(rows: pl.DataFrame, source: str) -> None:
                             + (" ..." if bad.height > 5 else ""))
 
 
-def compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig) -> tuple[pl.DataFrame, dict[str, Any]]:
-    """``rows``: keys, reward, completion_length, truncated (rollouts joined with scores), sorted by keys."""
+def compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig
+                       ) -> tuple[pl.DataFrame, dict[str, Any], dict[str, Any]]:
+    """Advantage table, metrics and KL-controller record for one iteration.
+
+    ``rows``: keys, reward, completion_length, truncated (rollouts joined with scores), sorted by
+    keys; plus sampler_logprobs and ref_logprobs for reinforce_plus_plus / gae, and values for gae.
+    """
     rewards = rows["reward"].to_numpy().astype(np.float64)
     groups = rows["prompt_id"].to_numpy()
     lengths = rows["completion_length"].to_numpy().astype(np.int64)
     mask = padded_mask(lengths)
-    estimator = get_advantage_estimator(cfg.estimator)
-    result = estimator(rewards_B=rewards, group_index_B=groups, token_rewards_BT=None, values_BT=None,
-                       mask_BT=mask, options=estimator_options(cfg))
-    token_adv = [result.token_advantages_BT[i, :n].astype(np.float32).tolist() for i, n in enumerate(lengths)]
+    token_rewards = values = kl_B = None
+    if cfg.uses_token_rewards:
+        old = padded(rows["sampler_logprobs"].to_list(), lengths)
+        ref = padded(rows["ref_logprobs"].to_list(), lengths)
+        k = cfg.kl_in_reward
+        token_rewards = kl_penalized_token_rewards(rewards, old, ref, mask, beta=k.beta, estimator=k.estimator)
+        kl_B = token_kl(old, ref, mask, estimator=k.estimator).sum(axis=1)
+    if cfg.needs_critic:
+        values = padded(rows["values"].to_list(), lengths)
     ddof = 1 if cfg.std_mode == "sample" else 0
     stats = rows.select(
         "prompt_id", "sample_idx", "truncated",
@@ -69,11 +115,22 @@ def compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig) -> tuple[pl.Dat
         reason[stats["truncated"].to_numpy()] = FILTER_TRUNCATED
     if cfg.drop_zero_variance_groups:
         reason[zero_var] = FILTER_ZERO_VARIANCE
+    # Token-level estimators normalise over the batch's tokens: rows left out of the loss stay out of
+    # those statistics too (a group estimator's rows only see their own group).
+    kept_B = np.array([r is None for r in reason])
+    estimator_mask = mask * kept_B[:, None] if cfg.uses_token_rewards else mask
+    estimator = get_advantage_estimator(cfg.estimator)
+    result = estimator(rewards_B=rewards, group_index_B=groups, token_rewards_BT=token_rewards, values_BT=values,
+                       mask_BT=estimator_mask, options=estimator_options(cfg))
+    token_adv = [result.token_advantages_BT[i, :n].astype(np.float32).tolist() for i, n in enumerate(lengths)]
     seq_adv = result.sequence_advantages_B
+    returns = ([result.returns_BT[i, :n].astype(np.float32).tolist() for i, n in enumerate(lengths)]
+               if result.returns_BT is not None else [None] * rows.height)
     frame = stats.drop("truncated").with_columns(
-        pl.Series("advantage", None if seq_adv is None else seq_adv.astype(np.float32), dtype=pl.Float32),
+        pl.Series("advantage", [None] * rows.height if seq_adv is None else seq_adv.astype(np.float32),
+                  dtype=pl.Float32),
         pl.Series("token_advantages", token_adv, dtype=pl.List(pl.Float32)),
-        pl.lit(None, dtype=pl.List(pl.Float32)).alias("returns"),
+        pl.Series("returns", returns, dtype=pl.List(pl.Float32)),
         pl.Series("filtered_reason", reason.tolist(), dtype=pl.String),
     )
     kept = frame["filtered_reason"].is_null()
@@ -86,4 +143,15 @@ def compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig) -> tuple[pl.Dat
         "advantage_abs_mean": float(np.mean(np.abs(seq_adv))) if seq_adv is not None else None,
         **{k: v for k, v in result.metrics.items()},
     }
-    return frame, metrics
+    kl_state = kl_controller_state(cfg, kl_B)
+    if kl_B is not None:
+        valid = mask.astype(bool)
+        metrics.update({"kl_reward_beta": kl_state["beta"], "kl_reward_observed": kl_state["observed_kl"],
+                        "kl_reward_next_beta": kl_state["next_beta"],
+                        "token_reward_mean": float(token_rewards[valid].mean()) if valid.any() else 0.0})
+    if seq_adv is None:  # token-level estimators: report the token advantages' spread instead
+        valid = estimator_mask.astype(bool)
+        flat = result.token_advantages_BT[valid]
+        metrics["advantage_mean"] = float(flat.mean()) if flat.size else 0.0
+        metrics["advantage_abs_mean"] = float(np.abs(flat).mean()) if flat.size else 0.0
+    return frame, metrics, kl_state

@@ -34,6 +34,12 @@ class ReferenceConfig:
 
 
 @dataclass(frozen=True)
+class CriticConfig:
+    """The PPO critic (advantage.estimator: gae); read by the values and train stages, ignored otherwise."""
+    path: str  # a scalar-head model dir (the last iteration's critic), or a causal-LM dir: its body + a fresh head
+
+
+@dataclass(frozen=True)
 class PathsConfig:
     model_dir: str
     train_prompts: str
@@ -41,8 +47,13 @@ class PathsConfig:
     rollouts: str
     scores: str
     ref_logprobs: str
+    values: str
     advantages: str
+    kl_controller: str
     checkpoint: str
+    critic_checkpoint: str
+    preferences: str
+    reward_model: str
     token_stats: str
     eval_rollouts: str
     metrics_dir: str
@@ -65,6 +76,7 @@ class TinyTaskConfig:
     warmstart_steps: int
     warmstart_batch_size: int
     warmstart_lr: float
+    num_preference_pairs: int  # synthetic (prompt, chosen, rejected) pairs for the reward model: right vs wrong sums
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,7 @@ class PromptFilesConfig:
     prompt_column: str
     answer_column: str | None
     chat_template: Literal["auto", "on", "off"]
+    preferences: str | None  # Parquet/JSONL with prompt, chosen, rejected columns for the reward model; null = none
 
 
 @dataclass(frozen=True)
@@ -135,25 +148,83 @@ class ReferenceLogprobConfig:
     dtype: Literal["float32", "bfloat16", "float16"]
     max_tokens_per_batch: int
     chunk_size: int  # positions per LM-head chunk: bounds the [chunk, vocab] float32 buffer
+    compile_layers: bool  # torch.compile each decoder layer (GPU; BENCHMARKS.md: +26-54% tokens/s on an H200)
+
+
+@dataclass(frozen=True)
+class ValuesConfig:
+    """The values stage: the critic's V_t on the rollouts (gae only; a no-op for the other estimators)."""
+    device: str
+    dtype: Literal["float32", "bfloat16", "float16"]
+    max_tokens_per_batch: int
+
+
+@dataclass(frozen=True)
+class KLInRewardConfig:
+    """KL penalty in the per-token reward (reinforce_plus_plus, gae): r_t = -beta * KL_t, score on the last token."""
+    beta: float  # with adaptive: true, `rlpipe iterate` writes the controller's next beta here
+    estimator: Literal["k1", "k2", "k3"]  # of log pi_old - log pi_ref (k1 is the InstructGPT form)
+    adaptive: bool  # the adaptive KL controller (Ziegler et al. 2019)
+    target: float  # KL_target: per-sequence summed KL the controller steers to
+    horizon: float  # the controller's horizon in samples
 
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    estimator: Literal["grpo", "dr_grpo", "rloo"]
-    std_mode: Literal["sample", "population"]
-    eps: float
+    estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "gae"]  # gae = PPO with the critic
+    std_mode: Literal["sample", "population"]  # fine point (profile)
+    eps: float  # fine point (profile)
+    gamma: float  # gae discount
+    lam: float  # gae lambda
+    whiten: bool  # gae: whiten advantages over the batch's valid tokens
+    kl_in_reward: KLInRewardConfig
     drop_zero_variance_groups: bool  # DAPO dynamic sampling: groups with equal rewards carry no signal
     drop_truncated: bool  # DAPO overlong filtering: mask completions that hit max_new_tokens
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.estimator == "gae"
+
+    @property
+    def uses_token_rewards(self) -> bool:
+        return self.estimator in ("reinforce_plus_plus", "gae")
+
+
+@dataclass(frozen=True)
+class CriticTrainConfig:
+    """train.critic: how the critic is updated alongside the actor (gae only)."""
+    lr: float
+    value_coef: float  # c_V in L = -J + c_V * L_V - c_H * H
+    value_clip_eps: float  # eps_v: V_clip = V_old + clip(V - V_old, -eps_v, eps_v)
+    max_grad_norm: float
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    policy_loss: Literal["ppo_clip", "gspo", "gspo_token"]
+    policy_loss: Literal["ppo_clip", "gspo", "gspo_token"]  # gspo: the form train.gspo_form names
     eps_low: float
     eps_high: float
-    dual_clip_c: float | None
+    dual_clip_c: float | None  # fine point (profile); null = off
+    gspo_form: Literal["sequence", "token"]  # fine point (profile)
     kl_beta: float  # 0 turns the KL-in-loss term off
     kl_estimator: Literal["k1", "k2", "k3"]
+    kl_importance_weighted: bool  # DeepSeek-V3.2 unbiased KL: the loss's KL term weighted by pi_theta / pi_old
+    kl_log_ratio_clamp: float | None  # fine point (profile)
+    kl_value_clamp: float | None  # fine point (profile)
+    token_mean_scope: Literal["minibatch", "micro_batch"]  # fine point (profile)
+    off_policy_mask_delta: float | None  # DeepSeek-V3.2 off-policy sequence masking; null = off
+    tis_cap: float | None  # truncated importance sampling: weight min(pi_old / pi_sampler, C); null = off
+    target_kl: float | None  # stop the epoch loop once a step's approx KL to pi_old exceeds it; null = never
+    gradient_checkpointing: bool  # recompute the body's activations in backward (memory for compute)
+    compile_layers: bool  # torch.compile each decoder layer (GPU; BENCHMARKS.md: +26-54% tokens/s on an H200)
+    critic: CriticTrainConfig
+
+    @property
+    def policy_loss_function(self) -> str:
+        """The `rlpipe.algorithms.POLICY_LOSSES` entry to call: `gspo` resolves through `gspo_form`."""
+        if self.policy_loss == "gspo" and self.gspo_form == "token":
+            return "gspo_token"
+        return self.policy_loss
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
     epochs: int  # mu: passes over the iteration's rollouts
     minibatch_size: int  # sequences per optimizer step
@@ -169,6 +240,20 @@ class TrainConfig:
     chunk_size: int
     max_skipped_steps: int  # optimizer steps skipped for a non-finite loss/grad allowed before the stage fails
     checkpoint_every_steps: int  # save a resume state every N optimizer steps (a killed stage resumes); 0 = off
+
+
+@dataclass(frozen=True)
+class RewardModelConfig:
+    """The train_reward_model stage: a Bradley-Terry scalar-head model on (prompt, chosen, rejected) pairs."""
+    init: str  # causal-LM dir whose body the reward model starts from
+    epochs: int
+    batch_size: int  # pairs per optimizer step
+    lr: float
+    weight_decay: float
+    max_grad_norm: float
+    eval_fraction: float  # share of pairs held out for the pairwise-accuracy metric
+    device: str
+    dtype: Literal["float32", "bfloat16"]
 
 
 @dataclass(frozen=True)
@@ -190,15 +275,19 @@ class Params:
     seed: int
     iteration: int  # written by `rlpipe iterate`; also the version of the policy that samples
     torch_threads: int
+    profile: str  # sets the fine points (rlpipe/profiles.py) that params.yaml leaves out
     policy: PolicyConfig
     reference: ReferenceConfig
+    critic: CriticConfig
     paths: PathsConfig
     prepare: PrepareConfig
     generate: GenerateConfig
     score: ScoreConfig
     reference_logprob: ReferenceLogprobConfig
+    values: ValuesConfig
     advantage: AdvantageConfig
     train: TrainConfig
+    reward_model: RewardModelConfig
     evaluate: EvaluateConfig
     iterate: IterateConfig
 
@@ -297,11 +386,40 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML: {e}") from None
     try:
-        params = _build(Params, data, "")
+        params = _build(Params, apply_profile(data), "")
     except ConfigError as e:
         raise ConfigError(f"{p}: {e}") from None
     _check_consistency(params, p)
     return params
+
+
+def apply_profile(data: Any) -> Any:
+    """Fill the fine points that ``data`` leaves out from the profile it names (``profile:``).
+
+    Why fill the raw mapping: a key written in params.yaml always wins over the profile, and after
+    filling, the strict builder checks profile values exactly like hand-written ones.
+    """
+    from rlpipe.profiles import FINE_POINTS, profile_settings
+
+    if not isinstance(data, dict) or "profile" not in data:
+        return data
+    try:
+        settings = profile_settings(data["profile"])
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"profile: {e}") from None
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for dotted in FINE_POINTS:
+        section, key = dotted.split(".")
+        if isinstance(out.get(section), dict) and key not in out[section]:
+            out[section][key] = settings[dotted]
+    return out
+
+
+def fine_points(params: Params) -> dict[str, Any]:
+    """The resolved fine points (profile or explicit), for metrics and `rlpipe validate`."""
+    from rlpipe.profiles import FINE_POINTS
+
+    return {k: getattr(getattr(params, k.split(".")[0]), k.split(".")[1]) for k in FINE_POINTS}
 
 
 def _check_consistency(params: Params, path: Path) -> None:
@@ -332,3 +450,14 @@ def _check_consistency(params: Params, path: Path) -> None:
     need(t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps must be >= 0 (0 = off)")
     need(params.reference.refresh_every >= 0, "reference.refresh_every must be >= 0")
     need(params.iterate.keep_checkpoints >= 0, "iterate.keep_checkpoints must be >= 0 (0 = keep all)")
+    a = params.advantage
+    need(0 <= a.gamma <= 1 and 0 <= a.lam <= 1, "advantage.gamma and advantage.lam must be in [0, 1]")
+    need(a.kl_in_reward.beta >= 0, "advantage.kl_in_reward.beta must be >= 0")
+    need(a.kl_in_reward.target > 0 and a.kl_in_reward.horizon > 0,
+         "advantage.kl_in_reward.target and .horizon must be > 0")
+    need(t.tis_cap is None or t.tis_cap > 0, "train.tis_cap must be > 0 or null")
+    need(t.target_kl is None or t.target_kl > 0, "train.target_kl must be > 0 or null")
+    need(t.critic.value_clip_eps > 0 and t.critic.lr > 0, "train.critic.value_clip_eps and train.critic.lr must be > 0")
+    r = params.reward_model
+    need(r.epochs >= 1 and r.batch_size >= 1, "reward_model.epochs and reward_model.batch_size must be >= 1")
+    need(0 <= r.eval_fraction < 1, "reward_model.eval_fraction must be in [0, 1)")

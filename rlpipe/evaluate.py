@@ -22,7 +22,7 @@ def evaluate_policy(model: Any, prompts: pl.DataFrame, *, cfg: EvaluateConfig, s
     requests = [PromptRequest(prompt_token_ids=tuple(ids), seed=0, n=1) for ids in prompts["prompt_token_ids"]]
     results = engine.generate(requests, params)
     completions = [group[0] for group in results]
-    rows = prompts.select("prompt_id", "prompt", "answer", "metadata").with_columns(
+    rows = prompts.select("prompt_id", "prompt", "prompt_token_ids", "answer", "metadata").with_columns(
         pl.lit(0, dtype=pl.Int32).alias("sample_idx"),
         pl.Series("completion_token_ids", [c.token_ids for c in completions], dtype=pl.List(pl.Int32)),
         pl.Series("completion_text", [decode(c.token_ids) for c in completions], dtype=pl.String),

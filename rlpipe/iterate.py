@@ -36,6 +36,7 @@ from rlpipe.io import atomic_path, read_json, read_policy_version
 
 STATE_POLICY = "state/policy"
 STATE_REFERENCE = "state/reference"
+STATE_CRITIC = "state/critic"
 
 
 def tag_name(iteration: int) -> str:
@@ -71,28 +72,39 @@ def _render(value: Any) -> str:
     return yaml.safe_dump(value).split("\n")[0]
 
 
+def _content(line: str) -> bool:
+    return bool(line.strip()) and not line.lstrip().startswith("#")
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
 def _set_line(lines: list[str], parts: list[str], value: Any, dotted: str, path: Path) -> list[str]:
-    """Replace the value of a top-level key or of a direct child of a top-level section."""
-    if len(parts) not in (1, 2):
-        raise RlpipeError(f"{path}: cannot set {dotted}: only `key` or `section.key` are supported")
-    key = parts[-1]
-    lo, hi, indent = 0, len(lines), ""
-    if len(parts) == 2:
-        header = re.compile(rf"^{re.escape(parts[0])}:\s*(#.*)?$")
-        lo = next((i + 1 for i, ln in enumerate(lines) if header.match(ln.rstrip("\n"))), None)
-        if lo is None:
-            raise RlpipeError(f"{path}: section {parts[0]!r} not found")
-        hi = next((i for i in range(lo, len(lines)) if lines[i].strip() and not lines[i][0].isspace()
-                   and not lines[i].startswith("#")), len(lines))
-        first = next((ln for ln in lines[lo:hi] if ln.strip() and not ln.lstrip().startswith("#")), "")
-        indent = first[: len(first) - len(first.lstrip())]
-    pattern = re.compile(rf"^{re.escape(indent)}{re.escape(key)}:[ \t]*[^#\n]*?([ \t]*#.*)?$")
-    for i in range(lo, hi):
-        m = pattern.match(lines[i].rstrip("\n"))
-        if m:
-            lines[i] = f"{indent}{key}: {_render(value)}{m.group(1) or ''}\n"
+    """Replace the value of ``a.b.c``: descend one mapping block per part, then rewrite the key's line.
+
+    A block's children are its content lines at the block's smallest indent; the block ends at the
+    first content line indented no deeper than its header.
+    """
+    lo, hi = 0, len(lines)
+    for level, part in enumerate(parts):
+        children = [i for i in range(lo, hi) if _content(lines[i])]
+        child_indent = min((_indent(lines[i]) for i in children), default=0)
+        pattern = re.compile(rf"^(\s*){re.escape(part)}:([ \t]*[^#\n]*?)([ \t]*#.*)?$")
+        match = next(((i, m) for i in children if _indent(lines[i]) == child_indent
+                      and (m := pattern.match(lines[i].rstrip("\n")))), None)
+        if match is None:
+            what = "key" if level == len(parts) - 1 else "section"
+            raise RlpipeError(f"{path}: {what} '{'.'.join(parts[:level + 1])}' not found (setting {dotted})")
+        i, m = match
+        if level == len(parts) - 1:
+            if not m.group(2).strip():
+                raise RlpipeError(f"{path}: {dotted} is a section, not a value")
+            lines[i] = f"{m.group(1)}{part}: {_render(value)}{m.group(3) or ''}\n"
             return lines
-    raise RlpipeError(f"{path}: key {dotted} not found")
+        lo = i + 1
+        hi = next((j for j in range(lo, hi) if _content(lines[j]) and _indent(lines[j]) <= child_indent), hi)
+    return lines
 
 
 def _run(cmd: list[str], cwd: Path) -> str:
@@ -133,7 +145,12 @@ def history_row(params: Params, root: Path) -> dict[str, Any]:
     mdir = root / params.paths.metrics_dir
     train, evaluate = read_json(mdir / "train.json"), read_json(mdir / "evaluate.json")
     gen, score = read_json(mdir / "generate.json"), read_json(mdir / "score.json")
+    kl = read_json(root / params.paths.kl_controller)
     return {
+        "estimator": params.advantage.estimator,
+        "kl_reward_beta": kl["beta"] if kl["in_reward"] else None,
+        "explained_variance": train.get("explained_variance"),
+        "value_loss": train.get("value_loss"),
         "iteration": params.iteration,
         "eval_accuracy": evaluate["accuracy"],
         "eval_reward_mean": evaluate["reward_mean"],
@@ -246,11 +263,34 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
         _replace_dir(ckpt, root / STATE_REFERENCE)
         _run(["dvc", "add", STATE_REFERENCE], root)
         updates.update({"reference.path": STATE_REFERENCE, "reference.version": k + 1})
+    updates.update(_carried_state(root, params, ckpt_version=k + 1))
     set_params(root / params_file, updates)
     if commit:
         _commit(root, f"rlpipe: start iteration {k + 1}", params, tag=None)
         _prune(root, params, params_file)
     return row
+
+
+def _carried_state(root: Path, params: Params, *, ckpt_version: int) -> dict[str, Any]:
+    """PPO's state for the next iteration: the trained critic (``state/critic``) and the adaptive KL beta.
+
+    Both live in the project itself (DVC-tracked directory, params.yaml in git), so they move between
+    machines with ``git push/pull`` and ``dvc push/pull`` like the policy does.
+    """
+    updates: dict[str, Any] = {}
+    if params.advantage.needs_critic:
+        critic = root / params.paths.critic_checkpoint
+        info = read_json(critic / "rlpipe.json")
+        if info.get("critic_version") != ckpt_version:
+            raise RlpipeError(f"{critic}: holds critic version {info.get('critic_version')}, expected {ckpt_version}; "
+                              "run `dvc repro` first")
+        _replace_dir(critic, root / STATE_CRITIC)
+        _run(["dvc", "add", STATE_CRITIC], root)
+        updates["critic.path"] = STATE_CRITIC
+    kl = read_json(root / params.paths.kl_controller)
+    if kl["in_reward"] and kl["adaptive"]:
+        updates["advantage.kl_in_reward.beta"] = float(kl["next_beta"])
+    return updates
 
 
 def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "params.yaml", commit: bool = True,

@@ -1,7 +1,10 @@
-"""The prepare stage's logic: turn prompts (the tiny task's or the user's files) into prompt tables.
+"""The prepare stage's logic: turn prompts (the tiny task's or the user's files) into prompt tables,
+and (prompt, chosen, rejected) pairs into the reward model's preference table.
 
 Tokenizing here, once, means every later stage sees exactly the tokens the sampler saw, chat
 template included, and a prompt that cannot fit the model's context fails now, naming its row.
+Preference completions are tokenized as a rollout that stopped holds them: the text's tokens plus
+EOS, so that the reward model is trained on the same token layout it later scores.
 """
 from __future__ import annotations
 
@@ -23,6 +26,24 @@ def use_chat_template(tokenizer: Any, mode: str) -> bool:
     return mode == "on" or (mode == "auto" and has_template)
 
 
+def tokenize_prompt(prompt: Any, tokenizer: Any, *, max_prompt_tokens: int, chat_template: bool,
+                    where: str) -> tuple[str, list[int]]:
+    """(text after the chat template, its token ids); errors name ``where`` (file and row)."""
+    if not isinstance(prompt, str) or not prompt:
+        raise ArtifactError(f"{where}: prompt must be a non-empty string, got {prompt!r}")
+    if chat_template:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        text = prompt
+        token_ids = tokenizer(text)["input_ids"]
+    if len(token_ids) > max_prompt_tokens:
+        raise ArtifactError(f"{where}: prompt has {len(token_ids)} tokens, more than "
+                            f"prepare.max_prompt_tokens={max_prompt_tokens}")
+    return text, list(token_ids)
+
+
 def prompt_table(rows: Sequence[dict[str, Any]], tokenizer: Any, *, max_prompt_tokens: int, chat_template: bool,
                  source: str) -> pl.DataFrame:
     """Rows of {prompt, answer, metadata} -> the PROMPTS table; prompt_id is the row number."""
@@ -30,21 +51,10 @@ def prompt_table(rows: Sequence[dict[str, Any]], tokenizer: Any, *, max_prompt_t
         raise ArtifactError(f"{source}: no prompts (empty file)")
     texts, ids = [], []
     for i, row in enumerate(rows):
-        prompt = row["prompt"]
-        if not isinstance(prompt, str) or not prompt:
-            raise ArtifactError(f"{source}: row {i}: prompt must be a non-empty string, got {prompt!r}")
-        if chat_template:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                 add_generation_prompt=True)
-            token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        else:
-            text = prompt
-            token_ids = tokenizer(text)["input_ids"]
-        if len(token_ids) > max_prompt_tokens:
-            raise ArtifactError(f"{source}: row {i}: prompt has {len(token_ids)} tokens, more than "
-                                f"prepare.max_prompt_tokens={max_prompt_tokens}")
+        text, token_ids = tokenize_prompt(row["prompt"], tokenizer, max_prompt_tokens=max_prompt_tokens,
+                                          chat_template=chat_template, where=f"{source}: row {i}")
         texts.append(text)
-        ids.append(list(token_ids))
+        ids.append(token_ids)
     answers = [None if r.get("answer") is None else str(r["answer"]) for r in rows]
     metadata = [json.dumps(r.get("metadata") or {}, sort_keys=True) for r in rows]
     return pl.DataFrame({
@@ -80,3 +90,65 @@ def read_prompt_rows(path: str | Path, cfg: PromptFilesConfig) -> list[dict[str,
             "metadata": {c: rec[c] for c in extra},
         })
     return rows
+
+
+PREFERENCE_COLUMNS = ("prompt", "chosen", "rejected")
+
+
+def completion_tokens(text: str, tokenizer: Any) -> list[int]:
+    """A completion's token ids as a rollout that stopped holds them: the text's tokens, then EOS."""
+    if tokenizer.eos_token_id is None:
+        raise ArtifactError("the tokenizer has no EOS token; preference completions cannot be tokenized "
+                            "like rollouts")
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [int(tokenizer.eos_token_id)]
+
+
+def preference_table(rows: Sequence[dict[str, Any]], tokenizer: Any, *, max_prompt_tokens: int,
+                     chat_template: bool, source: str) -> pl.DataFrame:
+    """Rows of {prompt, chosen, rejected[, prompt_id]} -> the PREFERENCES table; pair_id is the row number.
+
+    Zero rows give an empty table with the full schema (no preference data: train_reward_model then
+    writes a placeholder). The prompt goes through the same chat template and length check as the
+    prompt tables; chosen and rejected become their tokens plus EOS (`completion_tokens`).
+    """
+    cols: dict[str, list] = {c: [] for c in ("prompt", "prompt_token_ids", "chosen", "chosen_token_ids",
+                                             "rejected", "rejected_token_ids")}
+    for i, row in enumerate(rows):
+        text, ids = tokenize_prompt(row["prompt"], tokenizer, max_prompt_tokens=max_prompt_tokens,
+                                    chat_template=chat_template, where=f"{source}: row {i}")
+        cols["prompt"].append(text)
+        cols["prompt_token_ids"].append(ids)
+        for key in ("chosen", "rejected"):
+            if not isinstance(row[key], str):
+                raise ArtifactError(f"{source}: row {i}: {key} must be a string, got {row[key]!r}")
+            cols[key].append(row[key])
+            cols[f"{key}_token_ids"].append(completion_tokens(row[key], tokenizer))
+    return pl.DataFrame({
+        "pair_id": pl.Series(range(len(rows)), dtype=pl.Int64),
+        "prompt_id": pl.Series([row.get("prompt_id") for row in rows], dtype=pl.Int64),
+        **{c: pl.Series(v, dtype=pl.List(pl.Int32) if c.endswith("_token_ids") else pl.String)
+           for c, v in cols.items()},
+    })
+
+
+def read_preference_rows(path: str | Path) -> list[dict[str, Any]]:
+    """A user's preference file (Parquet or JSONL) with string columns prompt, chosen, rejected.
+
+    Other columns are ignored. Every pair needs all three texts; an empty file is an error (set
+    ``prepare.files.preferences: null`` when there is no preference data).
+    """
+    frame = read_table_file(path)
+    for col in PREFERENCE_COLUMNS:
+        if col not in frame.columns:
+            raise ArtifactError(f"{path}: no column {col!r} (prepare.files.preferences needs columns "
+                                f"{list(PREFERENCE_COLUMNS)}); columns are {frame.columns}")
+        if frame.schema[col] != pl.String:
+            raise ArtifactError(f"{path}: column {col!r} must hold strings, has {frame.schema[col]}")
+        nulls = frame[col].null_count()
+        if nulls:
+            first = frame.with_row_index().filter(pl.col(col).is_null())["index"][0]
+            raise ArtifactError(f"{path}: column {col!r} has {nulls} null value(s), first at row {first}")
+    if frame.height == 0:
+        raise ArtifactError(f"{path}: no preference pairs (empty file); set prepare.files.preferences: null "
+                            "when there are none")
+    return list(frame.select(PREFERENCE_COLUMNS).iter_rows(named=True))

@@ -5,23 +5,31 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import torch
 
 from rlpipe.config import ReferenceLogprobConfig
 from rlpipe.engines.logprobs import batched_completion_logprobs
+
+_AUTOCAST = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def reference_logprobs(model: Any, rollouts: pl.DataFrame, cfg: ReferenceLogprobConfig, *, temperature: float,
                        pad_token_id: int, reference_version: int, progress: Any = None) -> pl.DataFrame:
     """Score every completion token under ``model`` from logits / temperature (the sampling temperature).
 
-    Batches are cut by a token budget and the LM head runs in chunks of positions, so no float32
-    [batch, seq, vocab] tensor ever exists for the whole batch. ``progress``: optional callback
-    (sequences finished per batch), see rlpipe.progress.
+    Sequences are sorted by length and packed without padding into rows of at most
+    ``cfg.max_tokens_per_batch`` prompt+completion tokens (attention kept inside each sequence, see
+    rlpipe.engines.logprobs); the LM head runs in chunks of ``cfg.chunk_size`` positions, so no
+    float32 [batch, seq, vocab] tensor ever exists. With ``cfg.dtype`` bfloat16/float16 the forward
+    runs under autocast in that dtype (a no-op for weights already loaded in it); log-probs are
+    float32 either way. Output rows are in input order. ``progress``: optional callback (sequences
+    finished per batch), see rlpipe.progress.
     """
     logprobs, _ = batched_completion_logprobs(
         model, rollouts["prompt_token_ids"].to_list(), rollouts["completion_token_ids"].to_list(),
         pad_token_id=pad_token_id, temperature=temperature, max_tokens_per_batch=cfg.max_tokens_per_batch,
-        chunk_size=cfg.chunk_size, with_entropy=False, device=cfg.device, progress=progress)
+        chunk_size=cfg.chunk_size, with_entropy=False, device=cfg.device, progress=progress, packed=True,
+        autocast_dtype=_AUTOCAST[cfg.dtype])
     return rollouts.select("prompt_id", "sample_idx").with_columns(
         pl.lit(reference_version, dtype=pl.Int64).alias("reference_version"),
         pl.Series("ref_logprobs", [np.asarray(x, dtype=np.float32) for x in logprobs], dtype=pl.List(pl.Float32)),

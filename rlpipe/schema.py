@@ -209,8 +209,29 @@ EVAL_ROLLOUTS = ArtifactSchema(
     ),
 )
 
+PREFERENCES = ArtifactSchema(
+    name="preferences",
+    owner="prepare",
+    doc="Reward-model training pairs: a prompt, a preferred (chosen) and a dispreferred (rejected) completion, "
+        "tokenized like the prompts and rollouts. Empty when there is no preference data.",
+    keys=("pair_id",),
+    columns=(
+        Column("pair_id", pl.Int64, "Stable id of the pair: its row number in the source (file or synthetic set)."),
+        Column("prompt_id", pl.Int64, "The train prompt the pair was drawn from (tiny task); null for pairs "
+               "read from prepare.files.preferences.", nullable=True),
+        Column("prompt", pl.String, "Prompt text after the chat template, i.e. what was tokenized."),
+        Column("prompt_token_ids", TOKEN_IDS, "Token ids of `prompt`, special tokens included."),
+        Column("chosen", pl.String, "The preferred completion's text, as given."),
+        Column("chosen_token_ids", TOKEN_IDS, "Token ids of `chosen` plus the EOS token, as a rollout that stopped "
+               "would hold them."),
+        Column("rejected", pl.String, "The dispreferred completion's text, as given."),
+        Column("rejected_token_ids", TOKEN_IDS, "Token ids of `rejected` plus the EOS token."),
+    ),
+)
+
 ARTIFACTS: dict[str, ArtifactSchema] = {
-    s.name: s for s in (PROMPTS, ROLLOUTS, SCORES, REF_LOGPROBS, VALUES, ADVANTAGES, TRAIN_TOKEN_STATS, EVAL_ROLLOUTS)
+    s.name: s for s in (PROMPTS, ROLLOUTS, SCORES, REF_LOGPROBS, VALUES, ADVANTAGES, TRAIN_TOKEN_STATS, EVAL_ROLLOUTS,
+                          PREFERENCES)
 }
 
 

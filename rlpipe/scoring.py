@@ -9,6 +9,12 @@ a subprocess, as `code_tests` does); rows are still assembled in input order, so
 metrics are the same for any worker count. Rewards run from several threads must be thread-safe
 (the built-in ones are pure functions).
 
+Batch rewards (`rlpipe.rewards.batch_reward`, e.g. `reward_model`) run first, once, on the main
+thread with every row; the per-row pass then takes each row's value from them, so their values
+too are the same for any worker count. A batch reward that raises stops the stage (the error
+concerns every row); one that returns a non-finite value marks that row like a per-row reward.
+With no batch reward configured nothing of this runs: rows stream through as before.
+
 ``row_timeout_s`` bounds the wall clock of one row (all its rewards): the call runs in a daemon
 thread, and past the limit the row becomes a ``TimeoutError`` row error and the stage moves on.
 Python cannot kill a thread, so a reward that truly hangs keeps its thread (and whatever it holds)
@@ -28,9 +34,10 @@ from typing import Any, Callable, Iterable, Iterator
 import polars as pl
 
 from rlpipe.config import RewardEntry, ScoreConfig
-from rlpipe.errors import ConfigError, ScoringError
+from rlpipe.errors import ConfigError, RlpipeError, ScoringError
 from rlpipe.rewards.functions import Sample
-from rlpipe.rewards.registry import RewardSpec, component_columns, prepare_rewards, score_sample_details
+from rlpipe.rewards.registry import (RewardSpec, batch_values, component_columns, is_batch_reward, prepare_rewards,
+                                     score_sample_details)
 
 
 def reward_specs(entries: tuple[RewardEntry, ...]) -> list[RewardSpec]:
@@ -52,7 +59,8 @@ def load_reward_functions(cfg: ScoreConfig) -> tuple[list[RewardSpec], list[Any]
 
 
 def score_rows(rows: pl.DataFrame, cfg: ScoreConfig, *, progress: Any = None) -> tuple[pl.DataFrame, dict[str, Any]]:
-    """Score rows holding prompt, completion_text, answer, metadata, completion_length, truncated.
+    """Score rows holding prompt, completion_text, answer, metadata, completion_length, truncated
+    (and prompt_token_ids, completion_token_ids where a reward needs tokens, e.g. `reward_model`).
 
     Returns the key columns plus reward, correct, score_error and one ``reward_<name>`` column per
     component, and metrics (means per component, error counts by exception type, and per component
@@ -64,8 +72,10 @@ def score_rows(rows: pl.DataFrame, cfg: ScoreConfig, *, progress: Any = None) ->
     out.update({col: [] for col in columns.values()})
     errors_by_kind: dict[str, int] = {}
     details: dict[str, dict[str, int]] = {}
-    score_one = functools.partial(_score_row, specs=specs, fns=fns, timeout_s=cfg.row_timeout_s)
-    for result in _ordered_map(score_one, rows.iter_rows(named=True), cfg.workers):
+    precomputed = _batch_rewards(rows, specs, fns)
+    score_one = functools.partial(_score_row, specs=specs, fns=fns, timeout_s=cfg.row_timeout_s,
+                                  precomputed=precomputed)
+    for result in _ordered_map(score_one, enumerate(rows.iter_rows(named=True)), cfg.workers):
         if progress is not None:
             progress(1)
         if isinstance(result, Exception):  # a reward raised on this row
@@ -103,15 +113,44 @@ def score_rows(rows: pl.DataFrame, cfg: ScoreConfig, *, progress: Any = None) ->
     return frame, score_metrics(frame, columns, errors_by_kind, details)
 
 
-def _score_row(row: dict[str, Any], specs: list[RewardSpec], fns: Any, timeout_s: float | None) -> tuple | Exception:
-    """One row's (components, total, details), or the exception a reward raised on it (or a TimeoutError)."""
-    sample = Sample(prompt=row["prompt"], completion=row["completion_text"], answer=row["answer"],
-                    metadata=json.loads(row["metadata"]) if row["metadata"] else {},
-                    completion_tokens=row["completion_length"], truncated=row["truncated"])
+def _sample(row: dict[str, Any]) -> Sample:
+    return Sample(prompt=row["prompt"], completion=row["completion_text"], answer=row["answer"],
+                  metadata=json.loads(row["metadata"]) if row["metadata"] else {},
+                  completion_tokens=row["completion_length"], truncated=row["truncated"],
+                  prompt_token_ids=row.get("prompt_token_ids"), completion_token_ids=row.get("completion_token_ids"))
+
+
+def _batch_rewards(rows: pl.DataFrame, specs: list[RewardSpec], fns: Any) -> dict[str, list[float | Exception]]:
+    """Every batch reward's per-row values (or per-row errors), by spec name; {} when none is configured."""
+    batch_specs = [spec for spec in specs if is_batch_reward(fns[spec.name])]
+    if not batch_specs:
+        return {}
+    samples = [_sample(row) for row in rows.iter_rows(named=True)]
+    out = {}
+    for spec in batch_specs:
+        try:
+            out[spec.name] = batch_values(samples, spec, fns[spec.name])
+        except RlpipeError:
+            raise  # names the file or setting at fault already
+        except Exception as e:  # noqa: BLE001 - user code; the message names the reward
+            raise ScoringError(f"batch reward {spec.name!r} failed on the whole batch of {len(samples)} rows: "
+                               f"{type(e).__name__}: {e}") from e
+    return out
+
+
+def _score_row(item: tuple[int, dict[str, Any]], specs: list[RewardSpec], fns: Any, timeout_s: float | None,
+               precomputed: dict[str, list[float | Exception]]) -> tuple | Exception:
+    """One row's (components, total, details), or the exception a reward raised on it (or a TimeoutError).
+
+    ``item`` is (row index, row); ``precomputed`` holds the batch rewards' values of every row.
+    """
+    i, row = item
+    sample = _sample(row)
+    args = (sample, specs, fns, {name: values[i] for name, values in precomputed.items()})
     if timeout_s is None:
-        return _caught(score_sample_details, sample, specs, fns)
+        return _caught(score_sample_details, *args)
     box: list = []
-    worker = threading.Thread(target=lambda: box.append(_caught(score_sample_details, sample, specs, fns)),
+    worker = threading.Thread(target=lambda: box.append(_caught(score_sample_details, *args)),
                               name="score-row", daemon=True)  # daemon: a hung reward cannot block the exit
     worker.start()
     worker.join(timeout_s)

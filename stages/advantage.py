@@ -1,7 +1,11 @@
-"""DVC stage `advantage`: group-relative advantages from the rewards (numpy/polars, no model).
+"""DVC stage `advantage`: advantages from the rewards (numpy/polars, no model).
 
     python stages/advantage.py --params params.yaml --rollouts R.parquet --scores S.parquet \
-        --out advantages.parquet --metrics metrics/advantage.json
+        --ref-logprobs F.parquet --values V.parquet --out advantages.parquet \
+        --kl-controller kl_controller.json --metrics metrics/advantage.json
+
+The reference log-probs are read only by the estimators with the KL in the reward
+(reinforce_plus_plus, gae), the values only by gae; the KL-controller record is always written.
 """
 import rlpipe.stage as stage  # first: starts the stage clock
 
@@ -9,8 +13,9 @@ import typer
 
 from rlpipe.advantage import check_finite_rewards, compute_advantages
 from rlpipe.config import load_params
-from rlpipe.io import join_on_keys, read_artifact, write_artifact
-from rlpipe.schema import ADVANTAGES, ROLLOUTS, SCORES
+from rlpipe.errors import ArtifactError
+from rlpipe.io import Artifact, join_on_keys, read_artifact, write_artifact, write_json
+from rlpipe.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, VALUES
 
 app = typer.Typer(add_completion=False)
 
@@ -20,7 +25,10 @@ app = typer.Typer(add_completion=False)
 def main(params: str = typer.Option("params.yaml", help="params file"),
          rollouts: str = typer.Option(..., help="rollout table (generate's output)"),
          scores: str = typer.Option(..., help="score table (score's output)"),
+         ref_logprobs: str = typer.Option(None, help="reference log-prob table (reinforce_plus_plus, gae)"),
+         values: str = typer.Option(None, help="critic value table (gae)"),
          out: str = typer.Option(..., help="advantage table to write"),
+         kl_controller: str = typer.Option(..., help="KL-controller record (JSON) to write"),
          metrics: str = typer.Option(..., help="metrics JSON to write")) -> None:
     timer = stage.PhaseTimer()
     with timer.phase("setup"):
@@ -29,13 +37,33 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         roll = read_artifact(rollouts, ROLLOUTS)
         rows = join_on_keys(roll, read_artifact(scores, SCORES), columns=["reward"])
         check_finite_rewards(rows, scores)
+        wanted = ["prompt_id", "sample_idx", "reward", "completion_length", "truncated"]
+        if cfg.uses_token_rewards:
+            rows = join_on_keys(Artifact(frame=rows, metadata=roll.metadata, path=roll.path),
+                                read_artifact(_need(ref_logprobs, "--ref-logprobs", cfg.estimator), REF_LOGPROBS),
+                                columns=["ref_logprobs"])
+            wanted += ["sampler_logprobs", "ref_logprobs"]
+        if cfg.needs_critic:
+            table = read_artifact(_need(values, "--values", cfg.estimator), VALUES)
+            if table.metadata.get("critic") is None:
+                raise ArtifactError(f"{values}: holds no critic values (written for estimator "
+                                    f"{table.metadata.get('estimator')!r}); re-run the values stage for gae")
+            rows = join_on_keys(Artifact(frame=rows, metadata=roll.metadata, path=roll.path), table,
+                                columns=["values"])
+            wanted += ["values"]
     with timer.phase("compute"):
-        adv, m = compute_advantages(rows.select("prompt_id", "sample_idx", "reward", "completion_length",
-                                                "truncated"), cfg)
+        adv, m, kl_state = compute_advantages(rows.select(wanted), cfg)
     with timer.phase("write"):
         write_artifact(adv, out, ADVANTAGES, metadata={"policy_version": roll.metadata.get("policy_version")})
+        write_json(kl_controller, {**kl_state, "policy_version": roll.metadata.get("policy_version")})
     stage.write_metrics(metrics, "advantage", m, timer)
     stage.summary_line("advantage", rows=m["num_samples"], trained=m["num_trained"], seconds=timer.report()["total"])
+
+
+def _need(path: str | None, option: str, estimator: str) -> str:
+    if not path:
+        raise ArtifactError(f"advantage.estimator {estimator!r} needs {option}")
+    return path
 
 
 if __name__ == "__main__":

@@ -2,12 +2,17 @@
 
     python stages/reference_logprob.py --params params.yaml --rollouts R.parquet --reference MODEL_DIR \
         --out ref_logprobs.parquet --metrics metrics/reference_logprob.json
+
+Data parallel on several GPUs (each rank scores a share of the batches; byte-identical output):
+
+    torchrun --standalone --nproc_per_node 2 stages/reference_logprob.py ...
 """
 import rlpipe.stage as stage  # first: starts the stage clock
 
 import typer
 
 from rlpipe.config import load_params
+from rlpipe.distributed import finish, score_in_shares, start
 from rlpipe.io import read_artifact, write_artifact
 from rlpipe.models import load_model, load_tokenizer, setup_torch
 from rlpipe.progress import stage_progress
@@ -28,15 +33,28 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     with timer.phase("setup"):
         p = load_params(params)
         cfg = p.reference_logprob
+        dist = start(cfg.device)  # None unless launched by torchrun
         setup_torch(p.torch_threads, 0)
     with timer.phase("read"):
         roll = read_artifact(rollouts, ROLLOUTS)
         pad_id = load_tokenizer(reference).pad_token_id
         model = load_model(reference, device=cfg.device, dtype=cfg.dtype)
+        if cfg.compile_layers:
+            from rlpipe.engines.logprobs import compile_decoder_layers
+
+            compile_decoder_layers(model)
     with timer.phase("compute"):
         with stage_progress("reference_logprob", total=roll.frame.height, unit="sequences") as advance:
-            ref = reference_logprobs(model, roll.frame, cfg, temperature=p.generate.temperature, pad_token_id=pad_id,
-                                     reference_version=p.reference.version, progress=advance)
+            def score(frame):
+                return reference_logprobs(model, frame, cfg, temperature=p.generate.temperature, pad_token_id=pad_id,
+                                          reference_version=p.reference.version, progress=advance)
+
+            ref = (score(roll.frame) if dist is None else
+                   score_in_shares(roll.frame, score, dist, max_tokens_per_batch=cfg.max_tokens_per_batch,
+                                   progress=advance))
+    finish(dist)
+    if ref is None:  # under torchrun, ranks other than 0 write nothing
+        return
     with timer.phase("write"):
         write_artifact(ref, out, REF_LOGPROBS, metadata={"reference_version": p.reference.version,
                                                           "policy_version": roll.metadata.get("policy_version")})

@@ -1,20 +1,35 @@
-"""DVC stage `train`: mu epochs of GRPO/PPO-clip updates of the policy on this iteration's rollouts.
+"""DVC stage `train`: mu epochs of policy updates (GRPO/PPO-clip/GSPO) on this iteration's rollouts,
+and for PPO (advantage.estimator: gae) of the critic alongside.
 
     python stages/train.py --params params.yaml --rollouts R.parquet --scores S.parquet \
-        --ref-logprobs F.parquet --advantages A.parquet --policy MODEL_DIR --checkpoint OUT_DIR \
+        --ref-logprobs F.parquet --advantages A.parquet --values V.parquet --policy MODEL_DIR \
+        --critic CRITIC_DIR --checkpoint OUT_DIR --critic-checkpoint CRITIC_OUT_DIR \
         --token-stats T.parquet --metrics metrics/train.json --steps plots/train_steps.csv
+
+Without a critic (every estimator but gae) --critic-checkpoint gets a directory holding only
+rlpipe.json with ``kind: none``: DVC needs the declared output, and the file says why it is empty.
+
+On several GPUs (FSDP2; docs/distributed.md), the same arguments:
+
+    torchrun --standalone --nproc_per_node 2 stages/train.py --params params.yaml ...
 """
 import rlpipe.stage as stage  # first: starts the stage clock
 
 import dataclasses
+import json
 
 import typer
 
-from rlpipe.config import load_params
-from rlpipe.io import read_artifact, write_artifact
+from rlpipe.config import fine_points, load_params
+from rlpipe.io import CHECKPOINT_INFO, atomic_path, read_artifact, write_artifact
 from rlpipe.models import load_model, load_tokenizer, read_policy_version, save_checkpoint, setup_torch
-from rlpipe.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS
+from rlpipe.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS, VALUES
+from rlpipe.critic import load_critic
+from rlpipe.distributed import finish, start
+from rlpipe.engines.logprobs import compile_decoder_layers, enable_gradient_checkpointing
+from rlpipe.errors import ArtifactError
 from rlpipe.training.data import check_policy_version, training_data, training_frame
+from rlpipe.value_model import save_scalar_model
 from rlpipe.progress import stage_progress
 from rlpipe.training.loop import count_optimizer_steps, train_policy
 from rlpipe.training.resume import clear_state, load_state, resume_dir, resume_key, save_state
@@ -30,8 +45,11 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
          scores: str = typer.Option(..., help="score table (for reward statistics)"),
          ref_logprobs: str = typer.Option(..., help="reference log-prob table"),
          advantages: str = typer.Option(..., help="advantage table"),
+         values: str = typer.Option(None, help="critic value table (gae)"),
          policy: str = typer.Option(..., help="model directory of pi_old (the sampler), the starting weights"),
+         critic: str = typer.Option(None, help="critic dir, or a causal-LM dir to start one from (gae)"),
          checkpoint: str = typer.Option(..., help="directory to write the trained model + tokenizer to"),
+         critic_checkpoint: str = typer.Option(None, help="directory to write the trained critic to"),
          token_stats: str = typer.Option(..., help="per-token trainer statistics table to write"),
          metrics: str = typer.Option(..., help="metrics JSON to write"),
          steps: str = typer.Option(..., help="per-optimizer-step CSV to write (DVC plots)"),
@@ -40,41 +58,97 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     with timer.phase("setup"):
         p = load_params(params)
         cfg = p.train
+        dist = start(cfg.device)  # None unless launched by torchrun
+        writes = dist is None or dist.is_main  # under torchrun rank 0 alone writes
         setup_torch(p.torch_threads, p.seed)
     with timer.phase("read"):
         roll = read_artifact(rollouts, ROLLOUTS)
         check_policy_version(roll, expected=p.iteration, policy_dir=policy, stored=read_policy_version(policy))
-        frame = training_frame(roll, read_artifact(advantages, ADVANTAGES), read_artifact(ref_logprobs, REF_LOGPROBS))
+        with_critic = p.advantage.needs_critic
+        if with_critic and not (values and critic and critic_checkpoint):
+            raise ArtifactError("advantage.estimator 'gae' trains a critic: pass --values, --critic and "
+                                "--critic-checkpoint (dvc.yaml does)")
+        frame = training_frame(roll, read_artifact(advantages, ADVANTAGES), read_artifact(ref_logprobs, REF_LOGPROBS),
+                               read_artifact(values, VALUES) if with_critic else None)
         score_frame = read_artifact(scores, SCORES).frame
         tokenizer = load_tokenizer(policy)
         model = load_model(policy, device=cfg.device, dtype="float32")
+        critic_model = load_critic(critic, seed=p.seed, device=cfg.device) if with_critic else None
+        if cfg.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        if cfg.compile_layers:
+            compile_decoder_layers(model)
+        sharded = None
+        if dist is not None:
+            from rlpipe.training.distributed import shard_for_training
+
+            sharded = shard_for_training(model, dist, critic_model)
     with timer.phase("compute"):
         data = training_data(frame)
-        key = resume_key([rollouts, scores, ref_logprobs, advantages, policy],
+        key = resume_key([rollouts, scores, ref_logprobs, advantages, policy] + ([values, critic] if with_critic else []),
                          {"train": dataclasses.asdict(cfg), "seed": p.seed, "iteration": p.iteration,
+                          "estimator": p.advantage.estimator,
                           "torch_threads": p.torch_threads, "temperature": p.generate.temperature,
-                          "max_new_tokens": p.generate.max_new_tokens})
+                          "max_new_tokens": p.generate.max_new_tokens,
+                          **({"world_size": dist.world_size} if dist else {})})
         state_dir = resume_dir(resume_root, key)
         state = load_state(state_dir)
         total = count_optimizer_steps(int(data.trainable.sum()), cfg)
         with stage_progress("train", total=total, unit="steps") as advance:
             result = train_policy(model, data, cfg, temperature=p.generate.temperature,
                                   pad_token_id=tokenizer.pad_token_id, seed=p.seed, iteration=p.iteration,
-                                  max_length=p.generate.max_new_tokens, progress=advance,
-                                  resume=state, save_state=lambda st: save_state(state_dir, st))
+                                  max_length=p.generate.max_new_tokens, critic=critic_model, progress=advance,
+                                  resume=state, save_state=lambda st: save_state(state_dir, st) if writes else None,
+                                  dist=sharded)
     with timer.phase("write"):
-        save_checkpoint(model, tokenizer, checkpoint, policy_version=p.iteration + 1)
-        write_artifact(token_stats_frame(frame, result), token_stats, TRAIN_TOKEN_STATS,
-                       metadata={"policy_version": p.iteration})
-        write_steps_csv(steps, result.steps)
-        clear_state(state_dir)
+        if sharded is not None:
+            model, critic_model = gathered_models(sharded, policy, critic, seed=p.seed)
+        if writes:
+            save_checkpoint(model, tokenizer, checkpoint, policy_version=p.iteration + 1)
+            if critic_checkpoint:
+                write_critic(critic_model, tokenizer, critic_checkpoint, p.iteration + 1, p.advantage.estimator)
+            write_artifact(token_stats_frame(frame, result), token_stats, TRAIN_TOKEN_STATS,
+                           metadata={"policy_version": p.iteration})
+            write_steps_csv(steps, result.steps)
+            clear_state(state_dir)
+    finish(dist)
+    if not writes:
+        return
     m = {**result.metrics, **reward_stats(score_frame), **sampler_mismatch(frame, result.old_logprobs),
-         "policy_version_out": p.iteration + 1,
+         "policy_version_out": p.iteration + 1, "policy_loss_function": cfg.policy_loss_function,
+         "profile": p.profile, "fine_points": fine_points(p),
          "resumed_from_step": int(state["step"]) if state else 0}
     stage.write_metrics(metrics, "train", m, timer)
     stage.summary_line("train", steps=m["optimizer_steps"], sequences=m["trained_sequences"],
                        seconds=timer.report()["total"], clip_fraction=round(m["clip_fraction"], 4),
                        approx_kl=round(m["approx_kl_old"], 5))
+
+
+def gathered_models(sharded, policy_dir: str, critic_dir: str | None, *, seed: int):
+    """Rank 0: plain CPU copies of the trained policy and critic, from full state dicts gathered over
+    the ranks (a collective: every rank calls it); other ranks: (None, None)."""
+    policy_state, _ = sharded.state(sharded.policy)
+    critic_state = sharded.state(sharded.critic)[0] if sharded.critic is not None else None
+    if not sharded.dist.is_main:
+        return None, None
+    model = load_model(policy_dir, device="cpu", dtype="float32")
+    model.load_state_dict(policy_state)
+    critic_model = None
+    if critic_state is not None:
+        critic_model = load_critic(critic_dir, seed=seed, device="cpu")
+        critic_model.load_state_dict(critic_state)
+    return model, critic_model
+
+
+def write_critic(critic_model, tokenizer, out_dir: str, version: int, estimator: str) -> None:
+    """The trained critic, or (no critic) a directory whose rlpipe.json says why it holds no model."""
+    if critic_model is not None:
+        save_scalar_model(critic_model, tokenizer, out_dir, info={"critic_version": version})
+        return
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        (tmp / CHECKPOINT_INFO).write_text(json.dumps(
+            {"kind": "none", "reason": f"advantage.estimator {estimator!r} trains no critic"}, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

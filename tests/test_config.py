@@ -91,7 +91,7 @@ def test_unknown_top_level_key(tmp_path, data):
     data["seedd"] = 1
     path = dump(tmp_path, data)
     msg = config_error(path)
-    assert msg.startswith(f"{path}: unknown key(s) ['seedd']; valid keys: ['advantage', 'evaluate', ")
+    assert msg.startswith(f"{path}: unknown key(s) ['seedd']; valid keys: ['advantage', 'critic', 'evaluate', ")
     assert "'seed'" in msg and "'torch_threads'" in msg
 
 
@@ -191,9 +191,9 @@ def test_yaml_exponent_without_a_dot_is_read_as_a_number(tmp_path, text, value):
     assert "  lr: 1.0e-4\n" in params
     assert yaml.safe_load(f"x: {text}")["x"] == text  # the YAML 1.1 quirk this works around
     path = tmp_path / "params.yaml"
-    path.write_text(params.replace("  lr: 1.0e-4\n", f"  lr: {text}\n"))
+    path.write_text(params.replace("  lr: 1.0e-4\n", f"  lr: {text}\n", 1))  # train.lr comes first
     assert load_params(path).train.lr == value
-    path.write_text(params.replace("  lr: 1.0e-4\n", "  lr: fast\n"))
+    path.write_text(params.replace("  lr: 1.0e-4\n", "  lr: fast\n", 1))
     assert config_error(path).endswith(": train.lr: expected a number, got 'fast'")
 
 
@@ -202,7 +202,7 @@ def test_yaml_exponent_without_a_dot_is_read_as_a_number(tmp_path, text, value):
     [
         ("train", "policy_loss", "ppo", "['ppo_clip', 'gspo', 'gspo_token']"),
         ("train", "kl_estimator", "k4", "['k1', 'k2', 'k3']"),
-        ("advantage", "estimator", "GRPO", "['grpo', 'dr_grpo', 'rloo']"),
+        ("advantage", "estimator", "GRPO", "['grpo', 'dr_grpo', 'rloo', 'reinforce_plus_plus', 'gae']"),
         ("advantage", "std_mode", 1, "['sample', 'population']"),  # no int codes
         ("generate", "dtype", "fp16", "['float32', 'bfloat16', 'float16']"),
         ("prepare", "source", "hub", "['tiny', 'files']"),
@@ -302,3 +302,30 @@ def test_missing_file(tmp_path):
         load_params(path)
     with pytest.raises(ConfigError, match="params file not found"):
         load_params(tmp_path)  # a directory is not a params file
+
+
+def test_profile_fills_the_fine_points_params_yaml_leaves_out(tmp_path, data):
+    data["profile"] = "verl"
+    p = load_params(dump(tmp_path, data))
+    assert (p.advantage.eps, p.train.dual_clip_c, p.train.gspo_form, p.train.token_mean_scope) == (
+        1e-6, 3.0, "token", "micro_batch")
+    data["profile"] = "trl"
+    p = load_params(dump(tmp_path, data))
+    assert (p.advantage.eps, p.train.kl_log_ratio_clamp, p.train.kl_value_clamp) == (1e-4, None, None)
+
+
+def test_a_fine_point_written_in_params_yaml_beats_the_profile(tmp_path, data):
+    data["profile"] = "verl"
+    data["train"]["dual_clip_c"] = None
+    data["advantage"]["eps"] = 1e-3
+    p = load_params(dump(tmp_path, data))
+    assert p.train.dual_clip_c is None and p.advantage.eps == 1e-3
+    assert p.train.gspo_form == "token"  # the rest still from the profile
+    from rlpipe.config import fine_points
+    assert fine_points(p)["train.dual_clip_c"] is None
+
+
+def test_unknown_profile_lists_the_valid_ones(tmp_path, data):
+    data["profile"] = "deepspeed"
+    msg = config_error(dump(tmp_path, data))
+    assert "profile" in msg and "deepspeed" in msg and "verl" in msg and "openrlhf" in msg

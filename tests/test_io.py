@@ -26,6 +26,7 @@ from rlpipe.schema import (
     ARTIFACTS,
     EVAL_ROLLOUTS,
     METADATA_KEY,
+    PREFERENCES,
     PROMPTS,
     REF_LOGPROBS,
     ROLLOUTS,
@@ -151,8 +152,25 @@ def eval_rollouts_frame() -> pl.DataFrame:
     )
 
 
+def preferences_frame() -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "pair_id": [1, 0],
+            "prompt_id": [None, 4],
+            "prompt": ["9+9=", "1+2="],
+            "prompt_token_ids": [[1, 16, 6, 16, 17], [1, 8, 6, 9, 17]],
+            "chosen": ["18", "3"],
+            "chosen_token_ids": [[8, 15, 2], [10, 2]],
+            "rejected": ["8", "4"],
+            "rejected_token_ids": [[15, 2], [11, 2]],
+        },
+        schema=PREFERENCES.polars_schema(),
+    )
+
+
 FRAMES = {
     "prompts": prompts_frame,
+    "preferences": preferences_frame,
     "rollouts": rollouts_frame,
     "scores": scores_frame,
     "ref_logprobs": ref_logprobs_frame,

@@ -20,7 +20,7 @@ NAMES = sorted(ARTIFACTS)
 
 
 def test_artifact_registry_is_keyed_by_name():
-    assert NAMES == ["advantages", "eval_rollouts", "prompts", "ref_logprobs", "rollouts", "scores",
+    assert NAMES == ["advantages", "eval_rollouts", "preferences", "prompts", "ref_logprobs", "rollouts", "scores",
                      "train_token_stats", "values"]
     for name, schema in ARTIFACTS.items():
         assert schema.name == name
@@ -28,7 +28,7 @@ def test_artifact_registry_is_keyed_by_name():
 
 
 def test_get_schema_unknown_name_lists_the_known_ones():
-    with pytest.raises(KeyError, match="unknown artifact 'rollout'; known: advantages, eval_rollouts, prompts"):
+    with pytest.raises(KeyError, match="unknown artifact 'rollout'; known: advantages, eval_rollouts, preferences, prompts"):
         get_schema("rollout")
 
 

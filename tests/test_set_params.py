@@ -60,7 +60,8 @@ def test_sets_iteration_policy_and_reference_keeping_everything_else(params):
 
 def test_same_key_name_in_another_section_is_not_touched(params):
     before = params.read_text()
-    assert before.count("artifacts/prepare/model") == 3  # policy.path, reference.path, paths.model_dir
+    # policy.path, reference.path, critic.path, paths.model_dir, reward_model.init
+    assert before.count("artifacts/prepare/model") == 5
     set_params(params, {"reference.path": "state/reference"})
     after = params.read_text()
 
@@ -76,24 +77,25 @@ def test_same_key_name_in_another_section_is_not_touched(params):
 def test_key_of_the_same_name_nested_deeper_is_not_a_section_key(params):
     """`prepare.train` does not exist: `train` lives under prepare.files, and the top-level `train:` is a section."""
     before = params.read_bytes()
-    with pytest.raises(RlpipeError, match=r"key prepare\.train not found"):
+    with pytest.raises(RlpipeError, match=r"key 'prepare\.train' not found"):
         set_params(params, {"prepare.train": "x.jsonl"})
     assert params.read_bytes() == before
 
 
 def test_setting_the_current_value_leaves_the_file_byte_identical(params):
     before = params.read_bytes()
-    set_params(params, {"iteration": 0, "policy.path": "artifacts/prepare/model", "train.dual_clip_c": None})
+    set_params(params, {"iteration": 0, "policy.path": "artifacts/prepare/model", "train.tis_cap": None})
     assert params.read_bytes() == before
 
 
 @pytest.mark.parametrize(
     ("updates", "message"),
     [
-        ({"iterations": 1}, "key iterations not found"),
-        ({"train.lrr": 1.0}, "key train.lrr not found"),
+        ({"iterations": 1}, "key 'iterations' not found"),
+        ({"train.lrr": 1.0}, "key 'train.lrr' not found"),
         ({"trainer.lr": 1.0}, "section 'trainer' not found"),
-        ({"prepare.tiny.num_layers": 3}, "cannot set prepare.tiny.num_layers: only `key` or `section.key`"),
+        ({"advantage.kl_in_reward.betaa": 3}, "key 'advantage.kl_in_reward.betaa' not found"),
+        ({"advantage.kl_in_reward": 3}, "advantage.kl_in_reward is a section, not a value"),
     ],
 )
 def test_missing_key_raises_and_writes_nothing(params, updates, message):
@@ -107,7 +109,7 @@ def test_missing_key_raises_and_writes_nothing(params, updates, message):
 
 def test_one_bad_key_among_several_writes_nothing(params):
     before = params.read_bytes()
-    with pytest.raises(RlpipeError, match=r"key train\.lrr not found"):
+    with pytest.raises(RlpipeError, match=r"key 'train\.lrr' not found"):
         set_params(params, {"iteration": 5, "train.lrr": 1.0})
     assert params.read_bytes() == before
     assert sorted(p.name for p in params.parent.iterdir()) == ["params.yaml"]
@@ -125,7 +127,7 @@ def test_value_yaml_would_read_back_differently_is_refused(params):
     ("dotted", "value", "rendered"),
     [
         ("policy.path", "models/my policy", '"models/my policy"'),
-        ("train.dual_clip_c", 3.0, "3.0"),
+        ("train.tis_cap", 3.0, "3.0"),
         ("train.kl_beta", 0.04, "0.04"),
         ("advantage.drop_truncated", True, "true"),
         ("prepare.max_prompt_tokens", 128, "128"),
@@ -156,3 +158,15 @@ def test_section_with_comments_and_blank_lines_inside(tmp_path):
     path.write_text(text)
     set_params(path, {"sec.y": 5, "a": 2})
     assert path.read_text() == text.replace("  y: 2 # trailing", "  y: 5 # trailing").replace("a: 1  #", "a: 2  #")
+
+
+def test_a_nested_key_is_set_and_only_it(params):
+    """The adaptive KL controller's beta lives three levels down; `beta` elsewhere must not match."""
+    before = params.read_text()
+    set_params(params, {"advantage.kl_in_reward.beta": 0.0105, "prepare.tiny.num_layers": 3})
+    after = params.read_text()
+    assert len(changed_lines(before, after)) == 2
+    p = load_params(params)
+    assert p.advantage.kl_in_reward.beta == 0.0105
+    assert p.prepare.tiny.num_layers == 3
+    assert "    beta: 0.0105                # with adaptive: true" in after

@@ -25,6 +25,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "reinforce_plus_plus_advantages",
         "reward_to_go",
         "rloo_advantages",
+        "token_kl",
         "whiten",
     ),
     "kl": (
@@ -39,6 +40,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "losses": (
         "POLICY_LOSSES",
+        "bradley_terry_loss",
         "entropy_from_logits",
         "get_policy_loss",
         "gspo_loss",
@@ -51,8 +53,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "aggregation": (
         "LOSS_AGGREGATIONS",
+        "TOKEN_MEAN_SCOPES",
         "aggregate_loss",
         "count_valid",
+        "loss_normalisers",
     ),
 }
 

@@ -172,12 +172,35 @@ def rloo_advantages(rewards_B, group_index_B) -> tuple[np.ndarray, dict]:
 # token-level rewards and estimators
 
 
-def kl_penalized_token_rewards(scores_B, old_logprobs_BT, ref_logprobs_BT, mask_BT, *, beta: float) -> np.ndarray:
+def token_kl(old_logprobs_BT, ref_logprobs_BT, mask_BT, *, estimator: str) -> np.ndarray:
+    """Per-token KL estimate of pi_old from pi_ref on pi_old's samples (numpy twin of rlpipe.algorithms.kl).
+
+    With `d = log pi_old - log pi_ref`: k1 = d, k2 = d^2 / 2, k3 = exp(-d) - 1 + d (ALGORITHMS.md,
+    "KL estimators", with pi_old in the place of pi_theta). The log-ratio is clamped to [-20, 20]
+    before `exp` so k3 stays finite. Shapes: [B, T] -> [B, T] float64, 0 at padding.
+    """
+    m = as_bool_mask(mask_BT)
+    d = _tokens(old_logprobs_BT, "old_logprobs_BT", m) - _tokens(ref_logprobs_BT, "ref_logprobs_BT", m)
+    if estimator == "k1":
+        kl = d
+    elif estimator == "k2":
+        kl = 0.5 * d * d
+    elif estimator == "k3":
+        dc = np.clip(d, -20.0, 20.0)
+        kl = np.exp(-dc) - 1.0 + dc
+    else:
+        raise ValueError(f"unknown KL estimator {estimator!r}; valid: ['k1', 'k2', 'k3']")
+    return np.where(m, kl, 0.0)
+
+
+def kl_penalized_token_rewards(scores_B, old_logprobs_BT, ref_logprobs_BT, mask_BT, *, beta: float,
+                               estimator: str = "k1") -> np.ndarray:
     """Per-token reward with the KL penalty in the reward (PPO / InstructGPT style).
 
     `r_t = -beta * (log pi_old(o_t) - log pi_ref(o_t))` at every valid token, plus the sequence
     score `R` on the last valid token. Worked example (ALGORITHMS.md): score 0.8, KL 0.05, beta 6
-    -> 0.8 - 6 * 0.05 = 0.5. `beta = 0` turns the penalty off. A sequence with no valid token has
+    -> 0.8 - 6 * 0.05 = 0.5. `beta = 0` turns the penalty off. ``estimator`` swaps the k1 log-ratio
+    for k2 or k3 (`token_kl`). A sequence with no valid token has
     nowhere to put its score and stays all 0 (it is outside the loss anyway, e.g. an overlong
     completion masked out).
 
@@ -188,9 +211,7 @@ def kl_penalized_token_rewards(scores_B, old_logprobs_BT, ref_logprobs_BT, mask_
     m = as_bool_mask(mask_BT)
     if m.shape[0] != s_B.shape[0]:
         raise ValueError(f"scores_B has {s_B.shape[0]} rows, mask_BT has {m.shape[0]}")
-    old = _tokens(old_logprobs_BT, "old_logprobs_BT", m)
-    ref = _tokens(ref_logprobs_BT, "ref_logprobs_BT", m)
-    rewards_BT = np.where(m, -beta * (old - ref), 0.0)
+    rewards_BT = -beta * token_kl(old_logprobs_BT, ref_logprobs_BT, m, estimator=estimator)
     has_tokens_B = m.any(axis=1)
     # last valid index = T-1 minus the position of the first True in the reversed row
     last_B = m.shape[1] - 1 - np.argmax(m[:, ::-1], axis=1)
@@ -307,7 +328,7 @@ ADVANTAGE_ESTIMATOR_OPTIONS: dict[str, tuple[str, ...]] = {
     "dr_grpo": (),
     "rloo": (),
     "reinforce_plus_plus": ("eps",),
-    "gae": ("gamma", "lam", "eps"),
+    "gae": ("gamma", "lam", "eps", "whiten"),
 }
 
 
@@ -362,7 +383,7 @@ def _reinforce_pp_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT
 
 
 def _gae_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT, options) -> AdvantageResult:
-    """GAE, then advantages whitened over the batch's valid tokens (ALGORITHMS.md); returns from the raw A."""
+    """GAE, then (``whiten``) advantages z-scored over the batch's valid tokens; returns from the raw A."""
     o = _options("gae", options)
     _need("gae", token_rewards_BT=token_rewards_BT, values_BT=values_BT, mask_BT=mask_BT)
     raw_BT, returns_BT = gae_advantages(token_rewards_BT, values_BT, mask_BT, gamma=o["gamma"], lam=o["lam"])
@@ -373,7 +394,8 @@ def _gae_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT
         "raw_advantage_mean": float(raw_BT[m].mean()) if n else 0.0,
         "return_mean": float(returns_BT[m].mean()) if n else 0.0,
     }
-    return AdvantageResult(whiten(raw_BT, m, eps=o["eps"]), None, returns_BT, metrics)
+    adv_BT = whiten(raw_BT, m, eps=o["eps"]) if o["whiten"] else raw_BT
+    return AdvantageResult(adv_BT, None, returns_BT, metrics)
 
 
 AdvantageEstimator = Callable[..., AdvantageResult]

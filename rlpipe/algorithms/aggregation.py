@@ -6,6 +6,13 @@ or sequence count makes the gradient depend on the split (short micro-batches ge
 trap several frameworks fell into. Here the caller passes the counts of the WHOLE optimizer step
 (all micro-batches, all ranks; `count_valid` gives one micro-batch's share), so that the sum over
 micro-batches of `aggregate_loss(...)` equals the full-batch value and gradient.
+
+To reproduce a framework that did normalise per micro-batch (`train.token_mean_scope:
+micro_batch`, see rlpipe.profiles), `loss_normalisers` hands each micro-batch its own counts and
+a scale of 1/k: the step's loss is then the MEAN of the k micro-batch means. That is what those
+frameworks computed: each divides every micro-batch loss by the gradient-accumulation steps (TRL's
+`loss / current_gradient_accumulation_steps`, verl's `loss_scale_factor = 1 / gradient_accumulation`,
+DeepSpeed's backward in OpenRLHF before v0.10.4) and averages the gradients of data-parallel ranks.
 """
 from __future__ import annotations
 
@@ -16,6 +23,11 @@ LOSS_AGGREGATIONS: tuple[str, ...] = (
     "seq-mean-token-mean",  # mean over each sequence's tokens, then / total_sequences (GRPO)
     "seq-mean-token-sum",  # sum over each sequence's tokens, then / total_sequences
     "seq-mean-token-sum-norm",  # sum over each sequence's tokens / max_length, then / total_sequences (Dr.GRPO)
+)
+
+TOKEN_MEAN_SCOPES: tuple[str, ...] = (
+    "minibatch",  # counts of the whole optimizer step: invariant to the micro-batch split (ALGORITHMS.md)
+    "micro_batch",  # each micro-batch's own counts, scaled by 1/k: the mean of per-micro-batch means
 )
 
 _NEEDS = {
@@ -36,6 +48,39 @@ def count_valid(mask_BT: torch.Tensor) -> tuple[int, int]:
     """
     m = mask_BT.bool()
     return int(m.sum()), int(m.any(dim=1).sum())
+
+
+def loss_normalisers(
+    mask_BT: torch.Tensor,
+    *,
+    scope: str,
+    step_tokens: int,
+    step_sequences: int,
+    num_micro_batches: int,
+) -> tuple[int, int, float]:
+    """(total_tokens, total_sequences, scale) for one micro-batch of an optimizer step.
+
+    Use: `scale * aggregate_loss(loss_BT, mask_BT, mode=..., total_tokens=total_tokens,
+    total_sequences=total_sequences, max_length=...)`, then backward; summed over the step's
+    micro-batches this is the step's loss.
+      minibatch:   (step_tokens, step_sequences, 1.0) -- the step's counts; the sum over micro-batches
+                   is the full-batch value whatever the split (rlpipe's default).
+      micro_batch: (count_valid(mask_BT)..., 1 / num_micro_batches) -- this micro-batch's own counts;
+                   the step's loss is the mean over micro-batches of their own means, which depends
+                   on the split (what verl's legacy workers, TRL's bnpo/grpo/dr_grpo losses and
+                   OpenRLHF before v0.10.4 computed).
+    `mask_BT` is this micro-batch's mask; `step_tokens` / `step_sequences` are `count_valid` summed
+    over all micro-batches of the step; `num_micro_batches` is this step's number (a last, short
+    minibatch may have fewer, and then its actual count is the one the frameworks divide by).
+    """
+    if scope not in TOKEN_MEAN_SCOPES:
+        raise ValueError(f"unknown token-mean scope {scope!r}; valid: {list(TOKEN_MEAN_SCOPES)}")
+    if num_micro_batches < 1:
+        raise ValueError(f"num_micro_batches must be >= 1, got {num_micro_batches!r}")
+    if scope == "minibatch":
+        return step_tokens, step_sequences, 1.0
+    tokens, sequences = count_valid(mask_BT)
+    return tokens, sequences, 1.0 / num_micro_batches
 
 
 def aggregate_loss(

@@ -9,7 +9,11 @@ different (wrong-direction) estimator.
 
 Numerics (ALGORITHMS.md): inputs are cast to float32, `log rho` is clamped to [-20, 20] before
 `exp` and the value to [-10, 10], as the open frameworks do, so that an extreme log-prob gives a
-finite value and a finite (zero beyond the clamp) gradient.
+finite value and a finite (zero beyond the clamp) gradient. Both clamps are keyword options
+(`log_ratio_clamp`, `value_clamp`; None turns one off) because the frameworks differ here: verl
+clamps k3 both ways, OpenRLHF only the value, TRL neither (see rlpipe.profiles). With the log-ratio
+clamp off, a log-ratio beyond ~88 overflows `exp` in float32: the value clamp still gives a finite
+value, but its gradient is NaN, as in the frameworks that do this.
 
 These functions are elementwise and take no mask: a padded position only affects its own output.
 Mask the result (e.g. with `aggregate_loss`) before it enters a sum. All return [B, T] float32.
@@ -17,7 +21,7 @@ Reference: J. Schulman, "Approximating KL Divergence" (2020); Shao et al. 2024 (
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Protocol
 
 import torch
 
@@ -25,31 +29,47 @@ LOG_RATIO_CLAMP = 20.0
 KL_VALUE_CLAMP = 10.0
 
 
-def _log_rho(logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor) -> torch.Tensor:
+def _clamp(x_BT: torch.Tensor, bound: float | None, name: str) -> torch.Tensor:
+    """`x` clamped to [-bound, bound]; unchanged when bound is None (that clamp is off)."""
+    if bound is None:
+        return x_BT
+    if not bound > 0:
+        raise ValueError(f"{name} must be > 0 or None (off), got {bound!r}")
+    return x_BT.clamp(-bound, bound)
+
+
+def _log_rho(logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor, log_ratio_clamp: float | None) -> torch.Tensor:
     log_rho_BT = ref_logprobs_BT.float() - logprobs_BT.float()
-    return log_rho_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return _clamp(log_rho_BT, log_ratio_clamp, "log_ratio_clamp")
 
 
-def kl_k1(logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor) -> torch.Tensor:
+def kl_k1(logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor, *,
+          log_ratio_clamp: float | None = LOG_RATIO_CLAMP, value_clamp: float | None = KL_VALUE_CLAMP) -> torch.Tensor:
     """k1 = -log rho = log pi_theta - log pi_ref. Unbiased for the KL value, but its gradient as a
     loss term is zero in expectation on-policy (E[grad log pi] = 0). Shapes: [B, T] -> [B, T]."""
-    return (-_log_rho(logprobs_BT, ref_logprobs_BT)).clamp(-KL_VALUE_CLAMP, KL_VALUE_CLAMP)
+    return _clamp(-_log_rho(logprobs_BT, ref_logprobs_BT, log_ratio_clamp), value_clamp, "value_clamp")
 
 
-def kl_k2(logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor) -> torch.Tensor:
+def kl_k2(logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor, *,
+          log_ratio_clamp: float | None = LOG_RATIO_CLAMP, value_clamp: float | None = KL_VALUE_CLAMP) -> torch.Tensor:
     """k2 = 0.5 * (log rho)^2. Biased as a value; as an on-policy loss its gradient equals the
     gradient of KL(pi_theta || pi_ref). Shapes: [B, T] -> [B, T]."""
-    return (0.5 * _log_rho(logprobs_BT, ref_logprobs_BT) ** 2).clamp(-KL_VALUE_CLAMP, KL_VALUE_CLAMP)
+    return _clamp(0.5 * _log_rho(logprobs_BT, ref_logprobs_BT, log_ratio_clamp) ** 2, value_clamp, "value_clamp")
 
 
-def kl_k3(logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor) -> torch.Tensor:
+def kl_k3(logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor, *,
+          log_ratio_clamp: float | None = LOG_RATIO_CLAMP, value_clamp: float | None = KL_VALUE_CLAMP) -> torch.Tensor:
     """k3 = rho - 1 - log rho with rho = pi_ref / pi_theta: unbiased and >= 0 (the GRPO default).
     Shapes: [B, T] -> [B, T]."""
-    log_rho_BT = _log_rho(logprobs_BT, ref_logprobs_BT)
-    return (torch.exp(log_rho_BT) - 1.0 - log_rho_BT).clamp(-KL_VALUE_CLAMP, KL_VALUE_CLAMP)
+    log_rho_BT = _log_rho(logprobs_BT, ref_logprobs_BT, log_ratio_clamp)
+    return _clamp(torch.exp(log_rho_BT) - 1.0 - log_rho_BT, value_clamp, "value_clamp")
 
 
-KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+class KLEstimator(Protocol):
+    """The shared signature of the `KL_ESTIMATORS` entries."""
+
+    def __call__(self, logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor, *,
+                 log_ratio_clamp: float | None = ..., value_clamp: float | None = ...) -> torch.Tensor: ...
 
 KL_ESTIMATORS: dict[str, KLEstimator] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
@@ -68,6 +88,8 @@ def importance_weighted_kl(
     ref_logprobs_BT: torch.Tensor,
     *,
     estimator: str,
+    log_ratio_clamp: float | None = LOG_RATIO_CLAMP,
+    value_clamp: float | None = KL_VALUE_CLAMP,
 ) -> torch.Tensor:
     """Unbiased KL with importance weight (DeepSeek-V3.2): `D_t = (pi_theta / pi_old) * k_t`.
 
@@ -84,10 +106,12 @@ def importance_weighted_kl(
     the gradient of the *other* KL, KL(pi_ref || pi_theta): the bias this correction removes.
     (With k2, whose mean is not the KL, the value and gradient stay those of E_theta[k2].)
 
-    Shapes: three [B, T] log-prob tensors -> D_BT [B, T] float32. Log-ratio clamp [-20, 20] and
-    value clamp [-10, 10] as for the plain estimators. Elementwise; mask before reducing.
+    Shapes: three [B, T] log-prob tensors -> D_BT [B, T] float32. `log_ratio_clamp` bounds both
+    log-ratios (of k and of the weight), `value_clamp` both k and the product, as for the plain
+    estimators (defaults [-20, 20] and [-10, 10]; None = off). Elementwise; mask before reducing.
     Reference: DeepSeek-AI 2025, DeepSeek-V3.2 technical report ("unbiased KL estimate").
     """
-    k_BT = get_kl_estimator(estimator)(logprobs_BT, ref_logprobs_BT)
-    log_w_BT = (logprobs_BT.float() - old_logprobs_BT.float()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return (torch.exp(log_w_BT) * k_BT).clamp(-KL_VALUE_CLAMP, KL_VALUE_CLAMP)
+    k_BT = get_kl_estimator(estimator)(logprobs_BT, ref_logprobs_BT, log_ratio_clamp=log_ratio_clamp,
+                                       value_clamp=value_clamp)
+    log_w_BT = _clamp(logprobs_BT.float() - old_logprobs_BT.float(), log_ratio_clamp, "log_ratio_clamp")
+    return _clamp(torch.exp(log_w_BT) * k_BT, value_clamp, "value_clamp")

@@ -278,3 +278,13 @@ def policy_health_metrics(logprobs_BT, old_logprobs_BT, mask_BT, stats) -> dict[
         "ratio_max": float(ratio.max()),
         "num_valid_tokens": n,
     }
+
+
+def bradley_terry_loss(chosen_scores_B: torch.Tensor, rejected_scores_B: torch.Tensor) -> torch.Tensor:
+    """Bradley-Terry reward-model loss: mean over pairs of `-log sigmoid(r_chosen - r_rejected)`, a scalar.
+
+    Why logsigmoid rather than log(sigmoid(.)): it stays finite for any margin (a margin of -100
+    gives a loss of 100, not inf). Shapes: both [B], B >= 1. Reference: Bradley & Terry 1952;
+    Ouyang et al. 2022 (arXiv:2203.02155), eq. 1.
+    """
+    return -torch.nn.functional.logsigmoid(chosen_scores_B - rejected_scores_B).mean()

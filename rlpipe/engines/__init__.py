@@ -4,8 +4,9 @@
 first use, so `from rlpipe.engines import HFEngine` works without slowing down light imports:
     HFEngine                      rlpipe.engines.hf
     VLLMEngine                    rlpipe.engines.vllm (imports vllm only when an engine is built)
-    TokenBatch, make_token_batch, completion_logprobs, batched_completion_logprobs, unpad
-                                  rlpipe.engines.logprobs
+    TokenBatch, make_token_batch, PackedBatch, make_packed_batch, completion_logprobs,
+    batched_completion_logprobs, token_budget_batches, unpad, enable_gradient_checkpointing,
+    compile_decoder_layers        rlpipe.engines.logprobs
 """
 from importlib import import_module
 
@@ -27,6 +28,11 @@ _LAZY = {
     "completion_logprobs": "rlpipe.engines.logprobs",
     "batched_completion_logprobs": "rlpipe.engines.logprobs",
     "unpad": "rlpipe.engines.logprobs",
+    "PackedBatch": "rlpipe.engines.logprobs",
+    "make_packed_batch": "rlpipe.engines.logprobs",
+    "token_budget_batches": "rlpipe.engines.logprobs",
+    "enable_gradient_checkpointing": "rlpipe.engines.logprobs",
+    "compile_decoder_layers": "rlpipe.engines.logprobs",
 }
 
 __all__ = [

@@ -3,13 +3,15 @@
 `functions` holds the `Sample` a reward sees and the built-in rewards (`REWARD_FUNCTIONS`);
 `registry` resolves params.yaml names (built-in or "package.module:function"), checks their options
 up front, names their Parquet columns and scores one sample; `sandbox` runs model-written code for
-the `code_tests` reward. No torch here: the score stage must start fast.
+the `code_tests` reward; `model_reward` scores with a trained reward model in batches (`reward_model`).
+No torch at import: the score stage must start fast (`reward_model` imports it when called).
 """
 
 from rlpipe.rewards.functions import (
     REWARD_FUNCTIONS,
     RewardResult,
     Sample,
+    batch_reward,
     digit_match,
     exact_answer,
     format_regex,
@@ -17,31 +19,38 @@ from rlpipe.rewards.functions import (
 )
 from rlpipe.rewards.registry import (
     RewardSpec,
+    batch_values,
     check_reward_options,
     component_column,
     component_columns,
+    is_batch_reward,
     prepare_rewards,
     resolve_reward,
     score_sample,
     score_sample_details,
 )
+from rlpipe.rewards.model_reward import reward_model
 from rlpipe.rewards.sandbox import code_tests
 
 __all__ = [
     "REWARD_FUNCTIONS",
     "RewardResult",
     "Sample",
+    "batch_reward",
     "digit_match",
     "exact_answer",
     "format_regex",
     "length_penalty",
     "RewardSpec",
+    "batch_values",
     "check_reward_options",
     "component_column",
     "component_columns",
+    "is_batch_reward",
     "prepare_rewards",
     "resolve_reward",
     "score_sample",
     "score_sample_details",
     "code_tests",
+    "reward_model",
 ]

@@ -2,7 +2,8 @@
 
 Every function here has the signature ``fn(sample, *, **options) -> float``; a function may instead
 return a `RewardResult` (the value plus a short label, such as how a program failed), which the
-score stage counts per label in its metrics. Options carry no
+score stage counts per label in its metrics. A function marked with `batch_reward` instead takes
+all samples at once and returns one float per sample (`reward_model`). Options carry no
 defaults: each one is written out in params.yaml (``rewards:`` section), so the value that scored a
 run is always visible in the file DVC tracks. `registry.check_reward_options` rejects a missing or
 misspelt option before any row is scored.
@@ -29,11 +30,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Callable
+from typing import Callable, Sequence
 
 __all__ = [
     "Sample",
     "RewardResult",
+    "batch_reward",
     "exact_answer",
     "digit_match",
     "format_regex",
@@ -52,6 +54,8 @@ class Sample:
     metadata: dict  # extra per-prompt fields (parsed JSON); {} when there are none
     completion_tokens: int  # number of generated tokens
     truncated: bool  # hit max_new_tokens without emitting EOS
+    prompt_token_ids: Sequence[int] | None = None  # tokens the sampler conditioned on; None where not known
+    completion_token_ids: Sequence[int] | None = None  # generated tokens, EOS included; None where not known
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,19 @@ class RewardResult:
     def __post_init__(self) -> None:
         if not isinstance(self.detail, str) or not 0 < len(self.detail) <= 64:
             raise ValueError(f"RewardResult.detail must be a label of 1 to 64 characters, got {self.detail!r}")
+
+
+def batch_reward(fn: Callable) -> Callable:
+    """Mark ``fn`` as a batch reward: ``fn(samples, **options) -> sequence of floats``, one per sample.
+
+    Why a second kind: a reward that runs a model (`reward_model`) must see many rows at once to
+    batch them, and must load its model once per stage, not once per row. The score stage calls
+    a batch reward once with every row, on its main thread, before the per-row rewards; its
+    values are then combined with theirs row by row. ``score.row_timeout_s`` does not bound it.
+    Usable on a user's ``"package.module:function"`` too.
+    """
+    fn.batch_reward = True
+    return fn
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,7 +274,8 @@ def length_penalty(sample: Sample, *, max_tokens: int, buffer_tokens: int) -> fl
     return (free_until - length) / buffer_tokens
 
 
-# Imported here, after Sample and RewardResult exist: the sandbox module imports both from this one.
+# Imported here, after Sample, RewardResult and batch_reward exist: these modules import them from this one.
+from rlpipe.rewards.model_reward import reward_model  # noqa: E402
 from rlpipe.rewards.sandbox import code_tests  # noqa: E402
 
 REWARD_FUNCTIONS: dict[str, Callable[..., float | RewardResult]] = {
@@ -266,4 +284,5 @@ REWARD_FUNCTIONS: dict[str, Callable[..., float | RewardResult]] = {
     "format_regex": format_regex,
     "length_penalty": length_penalty,
     "code_tests": code_tests,
+    "reward_model": reward_model,
 }

@@ -1,12 +1,15 @@
 """Turn the ``rewards:`` entries of params.yaml into checked callables, and score one sample.
 
 A reward is named either by a key of `REWARD_FUNCTIONS` or as ``"package.module:function"``, a
-function importable from the score stage's environment. Everything that can be wrong with the
+function importable from the score stage's environment. A reward is per-row (``fn(sample, **options)``)
+unless marked with `batch_reward` (``fn(samples, **options)`` -> one value per sample, see
+`is_batch_reward`); the score stage computes batch rewards first and hands each row's value to
+`score_sample_details` as ``precomputed``. Everything that can be wrong with the
 configuration (an unknown name, a misspelt option, two rewards writing the same column) is
 reported by `prepare_rewards` before the first row is scored; `score_sample` then only has to
 cope with what a reward returns for a particular row.
 
-This module imports no torch: the score stage must start fast.
+This module imports no torch: the score stage must start fast (a model reward imports it when called).
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from rlpipe.rewards.functions import REWARD_FUNCTIONS, RewardResult, Sample
+from rlpipe.rewards.functions import REWARD_FUNCTIONS, RewardResult, Sample, batch_reward
 
 __all__ = [
     "RewardSpec",
+    "batch_reward",
+    "is_batch_reward",
+    "batch_values",
     "resolve_reward",
     "check_reward_options",
     "component_column",
@@ -186,6 +192,46 @@ def prepare_rewards(specs: Sequence[RewardSpec]) -> dict[str, Callable[..., floa
     return fns
 
 
+def is_batch_reward(fn: Callable[..., object]) -> bool:
+    """True for a reward marked with `batch_reward` (it scores all samples in one call).
+
+    >>> is_batch_reward(REWARD_FUNCTIONS["reward_model"]), is_batch_reward(REWARD_FUNCTIONS["exact_answer"])
+    (True, False)
+    """
+    return getattr(fn, "batch_reward", False) is True
+
+
+def batch_values(
+    samples: Sequence[Sample], spec: RewardSpec, fn: Callable[..., Sequence[float]]
+) -> list[float | Exception]:
+    """One batch reward on every sample: per sample its checked float, or the error that value raises.
+
+    An exception raised by the call itself propagates (with a note naming the reward): it concerns
+    every row, so the caller decides. A result of the wrong length is a TypeError; a value that
+    is not a finite float becomes that row's error, as it would for a per-row reward.
+    """
+    try:
+        raw = fn(samples, **spec.options)
+    except Exception as exc:
+        exc.add_note(f"raised by batch reward {spec.name!r}")
+        raise
+    try:
+        raw = list(raw)
+    except TypeError:
+        raise TypeError(
+            f"batch reward {spec.name!r} returned a {type(raw).__name__}, not a sequence of floats"
+        ) from None
+    if len(raw) != len(samples):
+        raise TypeError(f"batch reward {spec.name!r} returned {len(raw)} values for {len(samples)} samples")
+    out: list[float | Exception] = []
+    for value in raw:
+        try:
+            out.append(_checked_value(value, spec.name))
+        except (TypeError, ValueError) as exc:
+            out.append(exc)
+    return out
+
+
 def _checked_value(value: object, name: str) -> float:
     # bool is an int subclass and numpy.bool_ is not a number at all; both usually mean a reward
     # returned a predicate instead of a score, so refuse them rather than silently score 1/0.
@@ -225,15 +271,32 @@ def score_sample(
 
 
 def score_sample_details(
-    sample: Sample, specs: Sequence[RewardSpec], fns: Mapping[str, Callable[..., float | RewardResult]]
+    sample: Sample,
+    specs: Sequence[RewardSpec],
+    fns: Mapping[str, Callable[..., float | RewardResult]],
+    precomputed: Mapping[str, float | Exception] | None = None,
 ) -> tuple[dict[str, float], float, dict[str, str]]:
-    """`score_sample`, plus the detail label of every component that returned a `RewardResult`."""
+    """`score_sample`, plus the detail label of every component that returned a `RewardResult`.
+
+    ``precomputed``: this sample's value of each batch reward (from `batch_values`); an exception
+    there is raised as this row's error. Components are summed in the order of ``specs``.
+    """
     components: dict[str, float] = {}
     details: dict[str, str] = {}
     total = 0.0
     for spec in specs:
         if spec.name not in fns:
             raise ValueError(f"reward {spec.name!r} was not prepared; call prepare_rewards(specs) first")
+        if is_batch_reward(fns[spec.name]):
+            if precomputed is None or spec.name not in precomputed:
+                raise ValueError(f"reward {spec.name!r} scores samples in batches; compute it with batch_values "
+                                 "and pass the row's value as precomputed (rlpipe.scoring.score_rows does)")
+            value = precomputed[spec.name]
+            if isinstance(value, Exception):
+                raise value
+            components[spec.name] = value
+            total += spec.weight * value
+            continue
         try:
             raw = fns[spec.name](sample, **spec.options)
         except Exception as exc:

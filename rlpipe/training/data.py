@@ -6,7 +6,7 @@ import polars as pl
 
 from rlpipe.errors import ArtifactError
 from rlpipe.io import Artifact, join_on_keys
-from rlpipe.training.loop import TrainingData
+from rlpipe.training.objective import TrainingData
 
 
 def check_policy_version(rollouts: Artifact, *, expected: int, policy_dir: str, stored: int | None) -> None:
@@ -20,17 +20,45 @@ def check_policy_version(rollouts: Artifact, *, expected: int, policy_dir: str, 
                             f"{expected}")
 
 
-def training_frame(rollouts: Artifact, advantages: Artifact, ref_logprobs: Artifact) -> pl.DataFrame:
-    joined = join_on_keys(rollouts, advantages, columns=["token_advantages", "filtered_reason"])
-    with_advantages = Artifact(frame=joined, metadata=rollouts.metadata, path=rollouts.path)
-    return join_on_keys(with_advantages, ref_logprobs, columns=["ref_logprobs"])
+def training_frame(rollouts: Artifact, advantages: Artifact, ref_logprobs: Artifact,
+                   values: Artifact | None = None) -> pl.DataFrame:
+    """Rollouts joined with advantages and reference log-probs (and, for gae, the critic's values)."""
+    def extend(frame: pl.DataFrame, right: Artifact, columns: list[str]) -> pl.DataFrame:
+        return join_on_keys(Artifact(frame=frame, metadata=rollouts.metadata, path=rollouts.path), right,
+                            columns=columns)
+
+    frame = extend(rollouts.frame, advantages, ["advantage", "token_advantages", "returns", "filtered_reason"])
+    frame = extend(frame, ref_logprobs, ["ref_logprobs"])
+    if values is not None:
+        if values.metadata.get("critic") is None:
+            raise ArtifactError(f"{values.path}: holds no critic values (written for estimator "
+                                f"{values.metadata.get('estimator')!r}); re-run the values stage for gae")
+        frame = extend(frame, values, ["values"])
+        missing = frame.filter(pl.col("returns").is_null())
+        if missing.height:
+            raise ArtifactError(f"{advantages.path}: column 'returns' is null for {missing.height} row(s); "
+                                "the critic needs returns (advantage.estimator: gae)")
+    return frame
+
+
+def _floats(frame: pl.DataFrame, column: str) -> list[np.ndarray]:
+    return [np.asarray(x, dtype=np.float32) for x in frame[column].to_list()]
 
 
 def training_data(frame: pl.DataFrame) -> TrainingData:
+    token_adv = _floats(frame, "token_advantages")
+    # off-policy masking needs the sign of A_i; token-level estimators have none, so their mean stands in
+    seq_adv = np.array([a if a is not None else (float(t.mean()) if t.size else 0.0)
+                        for a, t in zip(frame["advantage"].to_list(), token_adv)], dtype=np.float32)
+    with_critic = "values" in frame.columns
     return TrainingData(
         prompt_token_ids=frame["prompt_token_ids"].to_list(),
         completion_token_ids=frame["completion_token_ids"].to_list(),
-        token_advantages=[np.asarray(x, dtype=np.float32) for x in frame["token_advantages"].to_list()],
-        ref_logprobs=[np.asarray(x, dtype=np.float32) for x in frame["ref_logprobs"].to_list()],
+        token_advantages=token_adv,
+        ref_logprobs=_floats(frame, "ref_logprobs"),
+        sampler_logprobs=_floats(frame, "sampler_logprobs"),
+        sequence_advantages=seq_adv,
         trainable=(frame["filtered_reason"].is_null() & (frame["completion_length"] > 0)).to_numpy(),
+        old_values=_floats(frame, "values") if with_critic else None,
+        returns=_floats(frame, "returns") if with_critic else None,
     )

@@ -5,37 +5,29 @@ shuffle the trainable sequences with a seeded generator and cut them into miniba
 minibatch is one optimizer step, accumulated over micro-batches whose losses are normalised by the
 token/sequence counts of the whole minibatch (so the split never changes the gradient);
 (4) per-token log-probs after training, for the token-stats table.
+
+Under torchrun, ``dist`` (a `rlpipe.training.distributed.ShardedTraining`) deals each step's
+micro-batches over the ranks of an FSDP2-sharded model; see that module. ``dist=None``: one process.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from rlpipe.algorithms.aggregation import aggregate_loss, count_valid
-from rlpipe.algorithms.kl import get_kl_estimator
-from rlpipe.algorithms.losses import get_policy_loss, policy_health_metrics
+from rlpipe.algorithms.aggregation import loss_normalisers
 from rlpipe.config import TrainConfig
 from rlpipe.engines.base import derive_seed
-from rlpipe.engines.logprobs import batched_completion_logprobs, completion_logprobs, make_token_batch
+from rlpipe.engines.logprobs import batched_completion_logprobs
 from rlpipe.errors import TrainingError
+from rlpipe.training.objective import Normalisers, TrainingData, autocast, micro_batch_loss
 
+# step metrics summarised as means; the last three exist only when their feature is on
+OPTIONAL_STEP_METRICS = ("dual_clip_fraction", "off_policy_masked_fraction", "tis_weight_mean", "tis_capped_fraction")
 SHUFFLE_STREAM = 3  # seed domain of the minibatch shuffle (see rlpipe.generate for the others)
-
-
-@dataclass
-class TrainingData:
-    """The trainable view of one iteration: ragged token lists, one entry per sequence."""
-
-    prompt_token_ids: list[list[int]]
-    completion_token_ids: list[list[int]]
-    token_advantages: list[np.ndarray]
-    ref_logprobs: list[np.ndarray]
-    trainable: np.ndarray  # bool [B]: False where the advantage stage filtered the row out
-    old_logprobs: list[np.ndarray] = field(default_factory=list)
 
 
 @dataclass
@@ -47,71 +39,33 @@ class TrainResult:
     new_logprobs: list[np.ndarray]
 
 
-def pad_rows(rows: Sequence[np.ndarray], width: int, device: torch.device | str) -> torch.Tensor:
-    """Right-pad ragged float rows into a [B, width] float32 tensor (zeros beyond each row)."""
-    out = torch.zeros(len(rows), width, dtype=torch.float32)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.as_tensor(np.asarray(r, dtype=np.float32))
-    return out.to(device)
-
-
-def _autocast(cfg: TrainConfig):
-    if cfg.dtype == "bfloat16":
-        return torch.autocast(device_type=torch.device(cfg.device).type, dtype=torch.bfloat16)
-    return torch.autocast(device_type="cpu", enabled=False)
-
-
 def _all_logprobs(model, data: TrainingData, cfg: TrainConfig, *, temperature: float, pad_token_id: int,
-                  with_entropy: bool):
+                  with_entropy: bool, dist=None):
     """No-grad log-probs of every sequence, in batches no larger than a training micro-batch."""
     longest = max((len(p) + len(c) for p, c in zip(data.prompt_token_ids, data.completion_token_ids)), default=1)
-    with _autocast(cfg):
+    with autocast(cfg):
+        if dist is not None:
+            return dist.all_logprobs(data.prompt_token_ids, data.completion_token_ids, temperature=temperature,
+                                     max_tokens_per_batch=cfg.micro_batch_size * longest, chunk_size=cfg.chunk_size,
+                                     with_entropy=with_entropy)
         return batched_completion_logprobs(
             model, data.prompt_token_ids, data.completion_token_ids, pad_token_id=pad_token_id,
             temperature=temperature, max_tokens_per_batch=cfg.micro_batch_size * longest, chunk_size=cfg.chunk_size,
             with_entropy=with_entropy, device=cfg.device)
 
 
-def micro_batch_loss(model, data: TrainingData, idx: Sequence[int], cfg: TrainConfig, *, temperature: float,
-                     pad_token_id: int, total_tokens: int, total_sequences: int, max_length: int):
-    """Loss of one micro-batch, normalised by the counts of its whole optimizer step; and its health stats."""
-    batch = make_token_batch([data.prompt_token_ids[i] for i in idx], [data.completion_token_ids[i] for i in idx],
-                             pad_token_id=pad_token_id)
-    with _autocast(cfg):
-        logp_BC, entropy_BC = completion_logprobs(model, batch.to(cfg.device), temperature=temperature,
-                                                  chunk_size=cfg.chunk_size, with_entropy=cfg.entropy_coef > 0)
-    width = logp_BC.shape[1]
-    mask_BC = (torch.arange(width)[None, :] < torch.tensor(batch.completion_lengths)[:, None]).to(logp_BC.device)
-    old_BC = pad_rows([data.old_logprobs[i] for i in idx], width, logp_BC.device)
-    adv_BC = pad_rows([data.token_advantages[i] for i in idx], width, logp_BC.device)
-    loss_fn = get_policy_loss(cfg.policy_loss)
-    loss_BC, stats = loss_fn(logp_BC.float(), old_BC, adv_BC, mask_BC, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-                             dual_clip_c=cfg.dual_clip_c)
-    ref_BC = pad_rows([data.ref_logprobs[i] for i in idx], width, logp_BC.device)
-    kl_BC = get_kl_estimator(cfg.kl_estimator)(logp_BC.float(), ref_BC)
-    if cfg.kl_beta > 0:
-        loss_BC = loss_BC + cfg.kl_beta * kl_BC
-    if cfg.entropy_coef > 0:
-        loss_BC = loss_BC - cfg.entropy_coef * entropy_BC.float()
-    loss = aggregate_loss(loss_BC, mask_BC, mode=cfg.loss_aggregation, total_tokens=total_tokens,
-                          total_sequences=total_sequences, max_length=max_length)
-    health = policy_health_metrics(logp_BC.float(), old_BC, mask_BC, stats)
-    m = mask_BC.bool()
-    health["kl_ref"] = float(kl_BC.detach()[m].mean()) if m.any() else 0.0
-    if entropy_BC is not None:
-        health["entropy"] = float(entropy_BC.detach().float()[m].mean()) if m.any() else 0.0
-    return loss, health
-
-
 def _combine(parts: list[dict[str, float]]) -> dict[str, float]:
-    """Token-weighted mean of micro-batch health stats; min/max for the ratio extremes."""
+    """Micro-batch health stats -> one step's: losses summed (each part is already a share of the
+    step's loss), ratio extremes as min/max, the rest as token-weighted means."""
     n = sum(p["num_valid_tokens"] for p in parts)
     out: dict[str, float] = {}
     for key in parts[0]:
         if key == "num_valid_tokens":
             continue
         vals = [p[key] for p in parts if p["num_valid_tokens"]]
-        if not vals:
+        if key.endswith("_loss"):
+            out[key] = sum(p[key] for p in parts)
+        elif not vals:
             out[key] = 0.0
         elif key == "ratio_min":
             out[key] = min(vals)
@@ -123,46 +77,78 @@ def _combine(parts: list[dict[str, float]]) -> dict[str, float]:
 
 
 def count_optimizer_steps(num_trainable: int, cfg: TrainConfig) -> int:
-    """How many optimizer steps train_policy makes (epochs x minibatches): the total of its progress bar."""
+    """How many optimizer steps train_policy makes (epochs x minibatches) unless train.target_kl stops it early."""
     return cfg.epochs * math.ceil(num_trainable / cfg.minibatch_size)
 
 
-def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: float, pad_token_id: int,
-                 seed: int, iteration: int, max_length: int, progress: Any = None,
-                 resume: dict[str, Any] | None = None,
-                 save_state: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
-    """Run cfg.epochs x minibatches of PPO-style updates in place on ``model``; see module docstring.
+def _adamw(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay,
+                             fused=torch.device(cfg.device).type == "cuda")
 
+
+def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: float, pad_token_id: int,
+                 seed: int, iteration: int, max_length: int, critic=None, progress: Any = None,
+                 resume: dict[str, Any] | None = None,
+                 save_state: Callable[[dict[str, Any]], None] | None = None, dist=None) -> TrainResult:
+    """Run cfg.epochs x minibatches of updates in place on ``model`` (and ``critic``); see module docstring.
+
+    ``critic``: a `rlpipe.value_model.ScalarHeadModel` trained alongside the actor (gae), with its
+    own AdamW (``train.critic.lr``) and gradient clip; ``data`` then carries old values and returns.
     A step whose loss or gradient norm is NaN/inf is skipped (no optimizer step, gradients zeroed)
     and counted; more than ``cfg.max_skipped_steps`` of them raise TrainingError, since then the
     data or the model is broken rather than one batch unlucky.
+    ``cfg.target_kl``: once a step's approx KL to pi_old exceeds it, no further step is taken
+    (the policy has moved as far from the sampler as this iteration's data supports).
 
-    ``save_state``: called with the whole loop state (model, optimizer, shuffle order and generator,
-    step counter, step metrics, old log-probs) every ``cfg.checkpoint_every_steps`` steps.
+    ``save_state``: called with the whole loop state (models, optimizers, shuffle order, step
+    counter, step metrics, old log-probs) every ``cfg.checkpoint_every_steps`` steps.
     ``resume``: such a state; the loop continues after its last step and ends exactly where an
     uninterrupted run ends (same shuffles, same AdamW moments, same step metrics).
     ``progress``: optional callback, called with 1 after each optimizer step (see rlpipe.progress).
+    ``dist``: under torchrun, the `ShardedTraining` that sharded ``model`` and ``critic``; every rank
+    calls this and gets the same result; ``save_state`` gets full states on rank 0 only.
     """
+    if (critic is None) != (data.returns is None):
+        raise ValueError("a critic needs returns and old values in the training data, and returns need a critic")
     model.eval()  # no dropout: the recomputed old log-probs must equal pi_theta's at the first step
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                  weight_decay=cfg.weight_decay, fused=torch.device(cfg.device).type == "cuda")
+    optimizer = _adamw(model.parameters(), cfg, cfg.lr)
+    critic_optimizer = None
+    if critic is not None:
+        critic.eval()
+        critic_optimizer = _adamw(critic.parameters(), cfg, cfg.critic.lr)
+    stopped = False
     if resume is None:
         with torch.no_grad():
             old, old_entropy = _all_logprobs(model, data, cfg, temperature=temperature, pad_token_id=pad_token_id,
-                                             with_entropy=True)
+                                             with_entropy=True, dist=dist)
         done, skipped, steps = 0, 0, []
     else:  # pi_old's log-probs come from the state: the model there has already moved
-        model.load_state_dict(resume["model"])
-        optimizer.load_state_dict(resume["optimizer"])
+        _load_state(model, optimizer, resume["model"], resume["optimizer"], dist)
+        if critic is not None:
+            _load_state(critic, critic_optimizer, resume["critic"], resume["critic_optimizer"], dist)
         old = [t.numpy() for t in resume["old_logprobs"]]
         old_entropy = [t.numpy() for t in resume["old_entropy"]]
         done, skipped, steps = int(resume["step"]), int(resume["skipped_steps"]), list(resume["steps"])
+        stopped = bool(resume.get("stopped", False))
     data.old_logprobs = old
     trainable = np.flatnonzero(data.trainable)
     per_epoch = math.ceil(len(trainable) / cfg.minibatch_size)
     if progress is not None and done:
         progress(done)
+
+    def snapshot(step: int, epoch: int, order) -> dict[str, Any]:
+        model_state, optimizer_state = _state(model, optimizer, dist)
+        state = {"step": step, "skipped_steps": skipped, "steps": steps, "epoch": epoch, "stopped": stopped,
+                 "order": torch.as_tensor(order), "model": model_state, "optimizer": optimizer_state,
+                 "old_logprobs": [torch.as_tensor(x) for x in old],
+                 "old_entropy": [torch.as_tensor(x) for x in old_entropy]}
+        if critic is not None:
+            state.update(zip(("critic", "critic_optimizer"), _state(critic, critic_optimizer, dist)))
+        return state
+
     for epoch in range(done // per_epoch if per_epoch else cfg.epochs, cfg.epochs):
+        if stopped:
+            break
         gen = torch.Generator().manual_seed(derive_seed(seed, SHUFFLE_STREAM, iteration, epoch))
         order = trainable[torch.randperm(len(trainable), generator=gen).numpy()]
         if resume is not None and resume["epoch"] == epoch:  # the saved shuffle, not a recomputed one
@@ -171,9 +157,10 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
             step = epoch * per_epoch + start // cfg.minibatch_size
             if step < done:
                 continue
-            record = _optimizer_step(model, optimizer, data, order[start:start + cfg.minibatch_size], cfg,
-                                     temperature=temperature, pad_token_id=pad_token_id, max_length=max_length,
-                                     step=step, epoch=epoch)
+            record = _optimizer_step(model, critic, (optimizer, critic_optimizer), data,
+                                     order[start:start + cfg.minibatch_size], cfg, temperature=temperature,
+                                     pad_token_id=pad_token_id, max_length=max_length, step=step, epoch=epoch,
+                                     dist=dist)
             if record is None:
                 skipped += 1
                 if skipped > cfg.max_skipped_steps:
@@ -183,46 +170,109 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
                         "was written (check rewards, advantages and log-probs for NaN/inf)")
             else:
                 steps.append(record)
+                stopped = cfg.target_kl is not None and record["approx_kl"] > cfg.target_kl
             if progress is not None:
                 progress(1)
-            if save_state is not None and cfg.checkpoint_every_steps and (step + 1) % cfg.checkpoint_every_steps == 0:
-                save_state({"step": step + 1, "skipped_steps": skipped, "steps": steps, "epoch": epoch,
-                            "order": torch.as_tensor(order),
-                            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                            "old_logprobs": [torch.as_tensor(x) for x in old],
-                            "old_entropy": [torch.as_tensor(x) for x in old_entropy]})
+            if save_state is not None and cfg.checkpoint_every_steps and (
+                    (step + 1) % cfg.checkpoint_every_steps == 0 or stopped):
+                save_state(snapshot(step + 1, epoch, order))
+            if stopped:
+                break
     with torch.no_grad():
         new, _ = _all_logprobs(model, data, cfg, temperature=temperature, pad_token_id=pad_token_id,
-                               with_entropy=False)
-    metrics = {**_summary(steps, data, old, new, old_entropy), "skipped_steps": skipped}
+                               with_entropy=False, dist=dist)
+    metrics = {**_summary(steps, data, old, new, old_entropy), "skipped_steps": skipped,
+               "early_stopped": stopped, "planned_optimizer_steps": count_optimizer_steps(len(trainable), cfg)}
+    if critic is not None:
+        metrics.update(_critic_summary(steps, data))
     return TrainResult(metrics=metrics, steps=steps, old_logprobs=old, old_entropy=old_entropy, new_logprobs=new)
 
 
-def _optimizer_step(model, optimizer, data, minibatch, cfg, *, temperature, pad_token_id, max_length, step, epoch):
-    """One optimizer step over ``minibatch``; None (and no update) if a loss or the gradient norm is not finite."""
+def _state(module, optimizer, dist) -> tuple[dict[str, Any], dict[str, Any]]:
+    if dist is None:
+        return module.state_dict(), optimizer.state_dict()
+    return dist.state(module, optimizer)
+
+
+def _load_state(module, optimizer, module_state, optimizer_state, dist) -> None:
+    if dist is None:
+        module.load_state_dict(module_state)
+        optimizer.load_state_dict(optimizer_state)
+    else:
+        dist.load_state(module, optimizer, module_state, optimizer_state)
+
+
+def _optimizer_step(model, critic, optimizers, data, minibatch, cfg, *, temperature, pad_token_id, max_length,
+                    step, epoch, dist=None):
+    """One optimizer step over ``minibatch``; None (and no update) if a loss or a gradient norm is not finite.
+
+    With ``dist`` each rank runs its share of the micro-batches (a zero-weighted pass where it has
+    one fewer), backward even on a non-finite loss (FSDP's reduce-scatters must stay in step), and
+    the skip decision is taken on every micro-batch's loss, gathered from all ranks.
+    """
     lengths = [len(data.completion_token_ids[i]) for i in minibatch]
-    total_tokens = int(sum(lengths))
-    total_sequences = int(sum(1 for n in lengths if n > 0))
-    parts, loss_sum = [], 0.0
-    for m0 in range(0, len(minibatch), cfg.micro_batch_size):
-        idx = minibatch[m0:m0 + cfg.micro_batch_size]
-        loss, health = micro_batch_loss(model, data, idx, cfg, temperature=temperature, pad_token_id=pad_token_id,
-                                        total_tokens=total_tokens, total_sequences=total_sequences,
-                                        max_length=max_length)
-        if not torch.isfinite(loss):
-            optimizer.zero_grad(set_to_none=True)  # drop what earlier micro-batches accumulated
+    step_tokens = int(sum(lengths))
+    step_sequences = int(sum(1 for n in lengths if n > 0))
+    micro_batches = [minibatch[m0:m0 + cfg.micro_batch_size] for m0 in range(0, len(minibatch), cfg.micro_batch_size)]
+
+    def norm_for(mask_BC) -> Normalisers:
+        tokens, sequences, scale = loss_normalisers(mask_BC, scope=cfg.token_mean_scope, step_tokens=step_tokens,
+                                                    step_sequences=step_sequences,
+                                                    num_micro_batches=len(micro_batches))
+        return Normalisers(tokens, sequences, max_length, scale)
+
+    def drop() -> None:
+        for opt in optimizers:
+            if opt is not None:
+                opt.zero_grad(set_to_none=True)  # drop what earlier micro-batches accumulated
+
+    parts, losses = [], []
+    for idx in (micro_batches if dist is None else dist.share(micro_batches)):
+        loss, health = micro_batch_loss(model, critic, data, micro_batches[0][:1] if idx is None else idx, cfg,
+                                        temperature=temperature, pad_token_id=pad_token_id, norm_for=norm_for,
+                                        dist=dist)
+        if idx is None:  # dist: this rank has one micro-batch fewer; the pass only keeps collectives in step
+            (loss * 0.0).backward()
+            continue
+        if dist is None and not torch.isfinite(loss):
+            drop()
             return None
         loss.backward()
-        loss_sum += float(loss.detach())
+        losses.append(float(loss.detach()))
         parts.append(health)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
-    if not math.isfinite(grad_norm):
-        optimizer.zero_grad(set_to_none=True)
+    if dist is not None:
+        losses, parts = map(list, zip(*dist.in_order(list(zip(losses, parts)))))
+        if not all(math.isfinite(x) for x in losses):
+            drop()
+            return None
+    loss_sum = sum(losses)
+    clip = torch.nn.utils.clip_grad_norm_ if dist is None else dist.clip_grad_norm_
+    grad_norm = float(clip(model.parameters(), cfg.max_grad_norm))
+    critic_grad_norm = float(clip(critic.parameters(), cfg.critic.max_grad_norm)) if critic is not None else 0.0
+    if not (math.isfinite(grad_norm) and math.isfinite(critic_grad_norm)):
+        drop()
         return None
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return {"step": step, "epoch": epoch, "loss": loss_sum, "grad_norm": grad_norm, "lr": cfg.lr,
-            "sequences": len(minibatch), "tokens": total_tokens, **_combine(parts)}
+    for opt in optimizers:
+        if opt is not None:
+            opt.step()
+    drop()
+    record = {"step": step, "epoch": epoch, "loss": loss_sum, "grad_norm": grad_norm, "lr": cfg.lr,
+              "sequences": len(minibatch), "tokens": step_tokens, **_combine(parts)}
+    if critic is not None:
+        record["critic_grad_norm"] = critic_grad_norm
+    return record
+
+
+def _critic_summary(steps, data: TrainingData) -> dict[str, Any]:
+    """Critic health: its loss, clip fraction, and how much of the returns' variance V_old explained."""
+    keep = np.flatnonzero(data.trainable)
+    ret = np.concatenate([data.returns[i] for i in keep]) if keep.size else np.zeros(0)
+    val = np.concatenate([data.old_values[i] for i in keep]) if keep.size else np.zeros(0)
+    var = float(np.var(ret)) if ret.size else 0.0
+    mean_of = lambda key: float(np.mean([s[key] for s in steps])) if steps else 0.0  # noqa: E731
+    return {"value_loss": mean_of("value_loss"), "value_clip_fraction": mean_of("value_clip_fraction"),
+            "critic_grad_norm_mean": mean_of("critic_grad_norm"),
+            "explained_variance": 1.0 - float(np.var(ret - val)) / var if var > 0 else 0.0}
 
 
 def _summary(steps, data: TrainingData, old, new, old_entropy) -> dict[str, Any]:
@@ -245,5 +295,7 @@ def _summary(steps, data: TrainingData, old, new, old_entropy) -> dict[str, Any]
         "ratio_max": max((s["ratio_max"] for s in steps), default=1.0),
         "entropy_old": float(np.concatenate(old_entropy).mean()) if old_entropy else 0.0,
         "logprob_change_mean": float(delta.mean()) if delta.size else 0.0,
-        "final_kl_old": float(np.mean(np.exp(-delta) - 1 + delta)) if delta.size else 0.0,
+        # the same k3 estimate as approx_kl (r = pi_new / pi_old), after the last step
+        "final_kl_old": float(np.mean(np.exp(delta) - 1 - delta)) if delta.size else 0.0,
+        **{key: mean_of(key) for key in OPTIONAL_STEP_METRICS if steps and key in steps[0]},
     }

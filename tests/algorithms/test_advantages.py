@@ -259,7 +259,7 @@ def test_registry_every_entry_runs_with_its_options():
         "dr_grpo": {},
         "rloo": {},
         "reinforce_plus_plus": {"eps": 1e-6},
-        "gae": {"gamma": 1.0, "lam": 0.95, "eps": 1e-6},
+        "gae": {"gamma": 1.0, "lam": 0.95, "eps": 1e-6, "whiten": True},
     }
     for name in ADVANTAGE_ESTIMATORS:
         result = _call(name, options[name], **inputs)
@@ -283,7 +283,7 @@ def test_registry_missing_unknown_option_and_missing_input():
         options = {"std_mode": "sample", "eps": 1e-6, "std_mod": "x"}
         _call("grpo", options, rewards_B=[1.0], group_index_B=[0], mask_BT=[[1]])
     with pytest.raises(ValueError, match="values_BT"):
-        _call("gae", {"gamma": 1.0, "lam": 1.0, "eps": 1e-6}, token_rewards_BT=[[1.0]], mask_BT=[[1]])
+        _call("gae", {"gamma": 1.0, "lam": 1.0, "eps": 1e-6, "whiten": True}, token_rewards_BT=[[1.0]], mask_BT=[[1]])
 
 
 def test_unknown_estimator_lists_valid_names():
@@ -294,3 +294,32 @@ def test_unknown_estimator_lists_valid_names():
 def test_numeric_mask_must_be_zero_one():
     with pytest.raises(ValueError, match="0 and 1"):
         whiten([[1.0, 2.0]], [[1.0, 0.5]], eps=1e-6)
+
+
+def test_token_kl_estimators_hand_computed():
+    from rlpipe.algorithms.advantages import token_kl
+    old = [[-1.0, -2.0, 0.0]]
+    ref = [[-1.5, -1.0, 9.0]]  # d = old - ref = [0.5, -1.0, pad]
+    mask = [[1, 1, 0]]
+    np.testing.assert_allclose(token_kl(old, ref, mask, estimator="k1"), [[0.5, -1.0, 0.0]])
+    np.testing.assert_allclose(token_kl(old, ref, mask, estimator="k2"), [[0.125, 0.5, 0.0]])
+    # k3 = exp(-d) - 1 + d: exp(-0.5) - 0.5 = 0.10653066; exp(1) - 2 = 0.71828183
+    np.testing.assert_allclose(token_kl(old, ref, mask, estimator="k3"), [[0.10653066, 0.71828183, 0.0]], rtol=1e-7)
+    assert np.isfinite(token_kl([[0.0]], [[-1e6]], [[1]], estimator="k3")).all()
+    with pytest.raises(ValueError, match="k4"):
+        token_kl(old, ref, mask, estimator="k4")
+
+
+def test_kl_penalized_token_rewards_with_k2():
+    # score 0.8 on the last token; k2 per token = 0.5 * 0.1^2 = 0.005; beta 6 -> -0.03 per token
+    r = kl_penalized_token_rewards([0.8], [[-1.0, -1.0]], [[-1.1, -1.1]], [[1, 1]], beta=6.0, estimator="k2")
+    np.testing.assert_allclose(r, [[-0.03, 0.8 - 0.03]])
+
+
+def test_gae_entry_without_whitening_returns_raw_advantages():
+    inputs = dict(rewards_B=None, group_index_B=None, token_rewards_BT=[[0.0, 1.0]], values_BT=[[0.5, 0.25]],
+                  mask_BT=[[1, 1]])
+    result = _call("gae", {"gamma": 1.0, "lam": 1.0, "eps": 1e-6, "whiten": False}, **inputs)
+    # delta_1 = 1 - 0.25 = 0.75; delta_0 = 0 + 0.25 - 0.5 = -0.25; A_0 = -0.25 + 0.75 = 0.5
+    np.testing.assert_allclose(result.token_advantages_BT, [[0.5, 0.75]])
+    np.testing.assert_allclose(result.returns_BT, [[1.0, 1.0]])

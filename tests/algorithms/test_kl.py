@@ -119,3 +119,82 @@ def test_unknown_estimator_lists_valid_names():
         get_kl_estimator("k4")
     with pytest.raises(ValueError, match="k4"):
         importance_weighted_kl(t(0.0), t(0.0), t(0.0), estimator="k4")
+
+
+# ---------------------------------------------------------------------------- clamp options (profiles)
+
+
+@pytest.mark.parametrize("name", ["k1", "k2", "k3"])
+def test_default_clamps_are_bit_identical_to_the_explicit_20_and_10(name):
+    gen = torch.Generator().manual_seed(0)
+    lp = torch.randn(3, 9, generator=gen) * 15  # many log-ratios beyond 20 and values beyond 10
+    ref = torch.randn(3, 9, generator=gen) * 15
+    old = torch.randn(3, 9, generator=gen) * 15
+    fn = get_kl_estimator(name)
+    assert torch.equal(fn(lp, ref), fn(lp, ref, log_ratio_clamp=20.0, value_clamp=10.0))
+    assert torch.equal(importance_weighted_kl(lp, old, ref, estimator=name),
+                       importance_weighted_kl(lp, old, ref, estimator=name, log_ratio_clamp=20.0, value_clamp=10.0))
+    # and to the formula as written before the options existed
+    log_rho = (ref - lp).clamp(-20.0, 20.0)
+    before = {"k1": -log_rho, "k2": 0.5 * log_rho**2, "k3": torch.exp(log_rho) - 1.0 - log_rho}[name]
+    assert torch.equal(fn(lp, ref), before.clamp(-10.0, 10.0))
+
+
+def test_each_clamp_by_hand_and_off():
+    # log rho = ref - lp = 25: k1 = -25
+    lp, ref = t(0.0), t(25.0)
+    assert kl_k1(lp, ref).item() == -10.0  # -25 -> log clamp -20 -> value clamp -10
+    assert kl_k1(lp, ref, value_clamp=None).item() == -20.0  # log clamp only (20)
+    assert kl_k1(lp, ref, log_ratio_clamp=None).item() == -10.0  # value clamp only (OpenRLHF)
+    assert kl_k1(lp, ref, log_ratio_clamp=None, value_clamp=None).item() == -25.0  # neither (TRL)
+    # log rho = 3 (inside the log clamp): k3 = e^3 - 1 - 3 = 16.0855 -> value clamp 10
+    lp, ref = t(0.0), t(3.0)
+    assert kl_k3(lp, ref).item() == 10.0
+    assert kl_k3(lp, ref, value_clamp=None).item() == pytest.approx(math.exp(3) - 4, rel=1e-6)  # 16.0855
+    assert kl_k3(lp, ref, log_ratio_clamp=1.0, value_clamp=None).item() == pytest.approx(math.exp(1) - 2, rel=1e-6)
+    # log rho = -5: k2 = 0.5 * 25 = 12.5 -> 10
+    assert kl_k2(t(0.0), t(-5.0)).item() == 10.0
+    assert kl_k2(t(0.0), t(-5.0), value_clamp=None).item() == 12.5
+    assert kl_k2(t(0.0), t(-5.0), value_clamp=4.0).item() == 4.0
+
+
+def test_importance_weighted_kl_clamps_by_hand():
+    lp, old, ref = t(0.0), t(-3.0), t(-1.0)
+    # k3 at log rho = -1: e^-1 - 1 + 1 = e^-1; weight e^{0 - (-3)} = e^3 -> D = e^2 = 7.389 (inside 10)
+    assert importance_weighted_kl(lp, old, ref, estimator="k3").item() == pytest.approx(math.exp(2), rel=1e-6)
+    assert importance_weighted_kl(lp, old, ref, estimator="k3", value_clamp=5.0).item() == 5.0
+    # the log clamp bounds the weight's log-ratio too: e^{min(3, 2)} * e^-1 = e
+    out = importance_weighted_kl(lp, old, ref, estimator="k3", log_ratio_clamp=2.0)
+    assert out.item() == pytest.approx(math.e, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("clamps", [(20.0, 10.0), (5.0, 2.0), (20.0, None), (None, 10.0)])
+def test_extreme_inputs_give_finite_values_with_any_clamp_on(name, clamps):
+    log_ratio_clamp, value_clamp = clamps
+    lp = torch.tensor([[1000.0, -1000.0, 0.0]], requires_grad=True)
+    ref = torch.tensor([[-1000.0, 1000.0, 0.0]])
+    kw = dict(log_ratio_clamp=log_ratio_clamp, value_clamp=value_clamp)
+    for value in (get_kl_estimator(name)(lp, ref, **kw), importance_weighted_kl(lp, ref, ref, estimator=name, **kw)):
+        assert torch.isfinite(value).all()
+        if value_clamp is not None:
+            assert (value.abs() <= value_clamp).all()
+        if log_ratio_clamp is not None:  # the gradient is finite only if exp never overflows
+            (grad,) = torch.autograd.grad(value.sum(), lp)
+            assert torch.isfinite(grad).all()
+
+
+def test_without_the_log_clamp_k3_value_is_finite_but_its_gradient_is_not():
+    # the OpenRLHF convention: exp(2000) = inf, clamped to 10; backward multiplies 0 by inf
+    lp = torch.tensor([[-1000.0]], requires_grad=True)
+    value = kl_k3(lp, t(1000.0, dtype=torch.float32), log_ratio_clamp=None)
+    assert value.item() == 10.0
+    (grad,) = torch.autograd.grad(value.sum(), lp)
+    assert not torch.isfinite(grad).all()
+
+
+def test_clamp_bounds_must_be_positive_or_none():
+    with pytest.raises(ValueError, match="log_ratio_clamp"):
+        kl_k3(t(0.0), t(0.0), log_ratio_clamp=0.0)
+    with pytest.raises(ValueError, match="value_clamp"):
+        importance_weighted_kl(t(0.0), t(0.0), t(0.0), estimator="k1", value_clamp=-1.0)

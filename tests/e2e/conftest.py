@@ -21,6 +21,7 @@ SMALL = {
     "prepare.tiny.num_eval": 24,
     "prepare.tiny.warmstart_steps": 40,
     "prepare.tiny.warmstart_batch_size": 32,
+    "prepare.tiny.num_preference_pairs": 200,
     "generate.prompts_per_iteration": 16,
     "generate.group_size": 4,
     "train.minibatch_size": 32,

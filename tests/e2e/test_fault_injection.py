@@ -25,7 +25,8 @@ from tests.e2e.test_stage_errors import REPO, invoke, nothing_written, stage_arg
 
 pytestmark = pytest.mark.slow
 
-OUTPUT_OPTIONS = ("--out", "--checkpoint", "--token-stats", "--model-dir", "--train-prompts", "--eval-prompts")
+OUTPUT_OPTIONS = ("--out", "--checkpoint", "--token-stats", "--model-dir", "--train-prompts", "--eval-prompts",
+                  "--preferences", "--critic-checkpoint", "--kl-controller")
 SIDE_OUTPUTS = ("--metrics", "--steps")  # metrics/plots: not cached by DVC, timings inside, so not byte-compared
 
 
@@ -138,7 +139,8 @@ def snapshot(path: Path) -> dict[str, bytes] | None:
     return {"": path.read_bytes()} if path.exists() else None
 
 
-STAGES = ["prepare", "generate", "score", "reference_logprob", "advantage", "train", "evaluate"]
+STAGES = ["prepare", "generate", "train_reward_model", "score", "reference_logprob", "values", "advantage", "train",
+          "evaluate"]
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -147,7 +149,9 @@ def test_kill_9_at_random_points_leaves_no_partial_output(project_copy, stage):
     root = project_copy
     words = shlex.split(stage_commands(root / "dvc.yaml", root / "params.yaml")[stage])
     options = dict(zip(words[2::2], words[3::2]))
-    outs = [root / v for k, v in options.items() if k in OUTPUT_OPTIONS]
+    # --preferences is prepare's output but train_reward_model's input
+    outs = [root / v for k, v in options.items()
+            if k in OUTPUT_OPTIONS and not (k == "--preferences" and stage != "prepare")]
     side = [root / v for k, v in options.items() if k in SIDE_OUTPUTS]
     expected = {p: snapshot(p) for p in outs}
     rng = random.Random(f"kill-{stage}")

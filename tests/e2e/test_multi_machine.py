@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlpipe.config import load_params
+from rlpipe.io import read_metadata
 from tests.e2e.conftest import env, make_project, run
 from tests.e2e.test_pipeline import ARTIFACTS, STAGES, ran_stages
 
@@ -101,3 +102,40 @@ def test_generate_on_one_machine_train_on_another(reproduced, tmp_path):
         assert (a / state / "model.safetensors").read_bytes() == trained
     assert "iteration-0" in on(a, ["git", "tag"]).stdout.split()
     assert "prepare" not in stale(a) and "generate" in stale(a)  # iteration 1 starts at generate, on A
+
+
+def test_ppo_critic_and_adaptive_kl_beta_move_between_machines(tmp_path):
+    """B runs a PPO iteration and `rlpipe iterate`; A pulls and continues with B's critic and beta."""
+    origin, remote = tmp_path / "origin.git", tmp_path / "dvc-remote"
+    run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], tmp_path)
+    seed = make_project(tmp_path / "seed", {"advantage.estimator": "gae", "advantage.kl_in_reward.adaptive": True,
+                                            "advantage.kl_in_reward.target": 1.0e-3,
+                                            "advantage.kl_in_reward.horizon": 100})
+    run(["git", "branch", "-M", "main"], seed)
+    run(["dvc", "remote", "add", "-d", "shared", str(remote)], seed)
+    run(["git", "commit", "-qam", "DVC remote"], seed)
+    run(["git", "push", "-q", str(origin), "main"], seed)
+    a, b = tmp_path / "machine_a", tmp_path / "machine_b"
+    for machine in (a, b):
+        run(["git", "clone", "-q", str(origin), str(machine)], tmp_path)
+
+    on(b, ["dvc", "repro"])
+    on(b, ["rlpipe", "iterate"])
+    on(b, ["dvc", "push"])
+    on(b, ["git", "push", "-q", "origin", "HEAD", "--tags"])
+    chosen = json.loads((b / "artifacts/advantage/kl_controller.json").read_text())
+    assert chosen["beta"] == 0.01 and chosen["next_beta"] != 0.01
+
+    on(a, ["git", "pull", "-q", "--ff-only", "--tags"])
+    on(a, ["dvc", "pull", "state/policy.dvc", "state/critic.dvc"])
+    params = load_params(a / "params.yaml")
+    assert params.iteration == 1 and params.critic.path == "state/critic"
+    assert params.advantage.kl_in_reward.beta == chosen["next_beta"]
+    assert (a / "state/critic/scalar_head.safetensors").read_bytes() == \
+        (b / "artifacts/train/critic/scalar_head.safetensors").read_bytes()
+    # A's next values stage reads B's trained critic
+    on(a, ["dvc", "repro", "--pull", "values"])
+    values_meta = json.loads((a / "metrics/values.json").read_text())
+    assert values_meta["critic"] is True
+    assert read_metadata(a / "artifacts/values/values.parquet")["critic"] == {
+        "path": "state/critic", "fresh_head": False, "critic_version": 1}

@@ -10,18 +10,22 @@ import torch
 from safetensors.torch import load_file
 
 from rlpipe.io import read_artifact, read_json
-from rlpipe.schema import ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS
+from rlpipe.schema import (ADVANTAGES, EVAL_ROLLOUTS, PREFERENCES, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES,
+                           TRAIN_TOKEN_STATS, VALUES)
 from tests.e2e.conftest import edit_params, run
 
 pytestmark = pytest.mark.slow
 
-STAGES = ["prepare", "generate", "score", "reference_logprob", "advantage", "train", "evaluate"]
+STAGES = ["prepare", "generate", "train_reward_model", "score", "reference_logprob", "values", "advantage", "train",
+          "evaluate"]
 ARTIFACTS = {
     "artifacts/prepare/train_prompts.parquet": PROMPTS,
     "artifacts/prepare/eval_prompts.parquet": PROMPTS,
+    "artifacts/prepare/preferences.parquet": PREFERENCES,
     "artifacts/generate/rollouts.parquet": ROLLOUTS,
     "artifacts/score/scores.parquet": SCORES,
     "artifacts/reference_logprob/ref_logprobs.parquet": REF_LOGPROBS,
+    "artifacts/values/values.parquet": VALUES,
     "artifacts/advantage/advantages.parquet": ADVANTAGES,
     "artifacts/train/token_stats.parquet": TRAIN_TOKEN_STATS,
     "artifacts/evaluate/eval_rollouts.parquet": EVAL_ROLLOUTS,
@@ -47,7 +51,7 @@ def test_first_repro_runs_every_stage_and_writes_valid_artifacts(reproduced):
     assert ran_stages(log) == STAGES
     for rel, schema in ARTIFACTS.items():
         art = read_artifact(reproduced / rel, schema)
-        assert art.frame.height > 0, rel
+        assert (art.frame.height > 0) == (schema is not VALUES), rel  # GRPO: no critic, an empty values table
     rollouts = read_artifact(reproduced / "artifacts/generate/rollouts.parquet", ROLLOUTS).frame
     assert rollouts.height == 16 * 4  # prompts_per_iteration x group_size
     assert rollouts["prompt_id"].n_unique() == 16
@@ -134,7 +138,8 @@ def test_iterate_advances_and_every_iteration_stays_retrievable(project_copy):
     assert [h["iteration"] for h in history] == [0]
 
     proc = run(["dvc", "repro"], root)
-    assert ran_stages(proc.stdout) == STAGES[1:]  # prepare is cached
+    # prepare and the reward model (trained on prepare's preferences) are cached
+    assert ran_stages(proc.stdout) == [s for s in STAGES if s not in ("prepare", "train_reward_model")]
     rollouts = read_artifact(root / "artifacts/generate/rollouts.parquet", ROLLOUTS)
     assert rollouts.frame["policy_version"].unique().to_list() == [1]
     assert (root / "artifacts/generate/rollouts.parquet").read_bytes() != it0_rollouts

@@ -159,7 +159,8 @@ def test_advantage_rejects_scores_with_other_keys(ws):
     code, out = invoke("advantage", ["--params", str(ws / "params.yaml"),
                                      "--rollouts", str(ws / "artifacts/generate/rollouts.parquet"),
                                      "--scores", str(ws / "short_scores.parquet"),
-                                     "--out", str(ws / "out/adv.parquet"), "--metrics", str(ws / "out/a.json")])
+                                     "--out", str(ws / "out/adv.parquet"), "--kl-controller", str(ws / "out/kl.json"),
+                                     "--metrics", str(ws / "out/a.json")])
     assert code == 2 and "keys do not match" in out and "only in" in out and "rollouts.parquet" in out
     assert not (ws / "out/adv.parquet").exists()
 
@@ -191,7 +192,8 @@ def prepare_files(ws: Path, rows: list[dict], **params) -> tuple[int, str]:
                                      "prepare.files.tokenizer_path": str(ws / "artifacts/prepare/model"), **params})
     return invoke("prepare", ["--params", str(ws / "params.yaml"), "--model-dir", str(ws / "out/model"),
                               "--train-prompts", str(ws / "out/train.parquet"),
-                              "--eval-prompts", str(ws / "out/eval.parquet"), "--metrics", str(ws / "out/p.json")])
+                              "--eval-prompts", str(ws / "out/eval.parquet"),
+                              "--preferences", str(ws / "out/prefs.parquet"), "--metrics", str(ws / "out/p.json")])
 
 
 def test_prepare_from_user_files(ws):

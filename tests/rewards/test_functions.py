@@ -15,6 +15,7 @@ from rlpipe.rewards.functions import (
     format_regex,
     length_penalty,
 )
+from rlpipe.rewards.model_reward import reward_model
 from rlpipe.rewards.sandbox import code_tests
 
 
@@ -44,6 +45,7 @@ def test_registry_lists_the_builtins():
         "format_regex": format_regex,
         "length_penalty": length_penalty,
         "code_tests": code_tests,
+        "reward_model": reward_model,
     }
 
 

@@ -20,7 +20,8 @@ from rlpipe.rewards.registry import (
     score_sample,
 )
 
-VALID = "code_tests, digit_match, exact_answer, format_regex, length_penalty, or 'package.module:function'"
+VALID = ("code_tests, digit_match, exact_answer, format_regex, length_penalty, reward_model, "
+         "or 'package.module:function'")
 
 USER_MODULE = '''
 def has_two_lines(sample, *, min_lines):

@@ -7,9 +7,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rlpipe.config import TrainConfig
+from rlpipe.config import CriticTrainConfig, TrainConfig
 from rlpipe.errors import TrainingError
-from rlpipe.training.loop import TrainingData, micro_batch_loss, train_policy
+from rlpipe.training.loop import train_policy
+from rlpipe.training.objective import Normalisers, TrainingData, micro_batch_loss
 
 PAD = 0
 
@@ -26,7 +27,11 @@ def config(**over):
                 loss_aggregation="seq-mean-token-mean", epochs=1, minibatch_size=8, micro_batch_size=8, lr=1e-2,
                 weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1e9, entropy_coef=0.01,
                 device="cpu", dtype="float32", chunk_size=3, max_skipped_steps=0,
-                checkpoint_every_steps=0)
+                checkpoint_every_steps=0, gspo_form="sequence", kl_importance_weighted=False,
+                kl_log_ratio_clamp=20.0, kl_value_clamp=10.0, token_mean_scope="minibatch",
+                off_policy_mask_delta=None, tis_cap=None, target_kl=None, gradient_checkpointing=False,
+                compile_layers=False,
+                critic=CriticTrainConfig(lr=1e-2, value_coef=0.5, value_clip_eps=0.2, max_grad_norm=1e9))
     return TrainConfig(**{**base, **over})
 
 
@@ -36,7 +41,14 @@ def data(n=8, seed=1):
     completions = [rng.integers(1, 24, size=rng.integers(1, 7)).tolist() for _ in range(n)]
     adv = [np.full(len(c), rng.normal(), dtype=np.float32) for c in completions]
     ref = [rng.normal(-3, 0.5, size=len(c)).astype(np.float32) for c in completions]
-    return TrainingData(prompts, completions, adv, ref, trainable=np.ones(n, dtype=bool))
+    return make_data(prompts, completions, adv, ref)
+
+
+def make_data(prompts, completions, adv, ref, sampler=None):
+    sampler = sampler if sampler is not None else [r.copy() for r in ref]
+    return TrainingData(prompts, completions, adv, ref, sampler_logprobs=sampler,
+                        sequence_advantages=np.array([a[0] if len(a) else 0.0 for a in adv], dtype=np.float32),
+                        trainable=np.ones(len(prompts), dtype=bool))
 
 
 def trained(cfg, d, seed=0):
@@ -57,8 +69,9 @@ def accumulated_grad(cfg, d, micro: int):
     lengths = [len(c) for c in d.completion_token_ids]
     for start in range(0, len(lengths), micro):
         idx = list(range(start, min(start + micro, len(lengths))))
-        loss, _ = micro_batch_loss(model, d, idx, cfg, temperature=0.7, pad_token_id=PAD,
-                                   total_tokens=sum(lengths), total_sequences=len(lengths), max_length=6)
+        norm = Normalisers(sum(lengths), len(lengths), 6)
+        loss, _ = micro_batch_loss(model, None, d, idx, cfg, temperature=0.7, pad_token_id=PAD,
+                                   norm_for=lambda mask, norm=norm: norm)
         loss.backward()
     return torch.cat([p.grad.flatten() for p in model.parameters()])
 
@@ -100,9 +113,8 @@ def test_filtered_rows_are_not_trained_on():
     d.trainable[3] = False
     d.token_advantages[3][:] = 1e6  # would dominate the update if it leaked in
     kept = np.flatnonzero(d.trainable)
-    only_kept = TrainingData([d.prompt_token_ids[i] for i in kept], [d.completion_token_ids[i] for i in kept],
-                             [d.token_advantages[i] for i in kept], [d.ref_logprobs[i] for i in kept],
-                             trainable=np.ones(len(kept), dtype=bool))
+    only_kept = make_data([d.prompt_token_ids[i] for i in kept], [d.completion_token_ids[i] for i in kept],
+                          [d.token_advantages[i] for i in kept], [d.ref_logprobs[i] for i in kept])
     cfg = config(minibatch_size=16, micro_batch_size=16)
     a, _ = trained(cfg, d)
     b, _ = trained(cfg, only_kept)

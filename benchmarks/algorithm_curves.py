@@ -1,0 +1,102 @@
+"""Learning curves of the algorithm suite on the tiny default, through the real pipeline.
+
+Copies the project into a scratch directory, runs `dvc repro prepare` there once, then for each
+algorithm copies that prepared project and runs `rlpipe run -n N` (dvc repro + rlpipe iterate per
+iteration) with the algorithm's params. Held-out greedy accuracy after each iteration comes from
+the project's own history file; the table it prints is what docs/grpo.md, docs/gspo.md and docs/ppo.md report.
+
+    python benchmarks/algorithm_curves.py --iterations 5 --algorithms grpo gspo ppo
+    python benchmarks/algorithm_curves.py --list
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.e2e.conftest import edit_params, make_project  # noqa: E402  (the same project copy the e2e tests use)
+
+ALGORITHMS: dict[str, dict[str, object]] = {
+    "grpo": {},
+    "dr_grpo": {"advantage.estimator": "dr_grpo", "train.loss_aggregation": "seq-mean-token-sum-norm"},
+    "dapo": {"train.eps_high": 0.28, "advantage.drop_zero_variance_groups": True,
+             "train.loss_aggregation": "token-mean"},
+    "gspo": {"train.policy_loss": "gspo", "train.eps_low": 3.0e-4, "train.eps_high": 4.0e-4},
+    "rloo": {"advantage.estimator": "rloo"},
+    "reinforce_plus_plus": {"advantage.estimator": "reinforce_plus_plus", "train.loss_aggregation": "token-mean"},
+    "ppo": {"advantage.estimator": "gae", "train.loss_aggregation": "token-mean"},
+}
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ, OMP_NUM_THREADS="1", DVC_NO_ANALYTICS="1", RLPIPE_NO_PROGRESS="1")
+    e["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{e.get('PATH', '')}"
+    for key, value in (("GIT_AUTHOR_NAME", "bench"), ("GIT_AUTHOR_EMAIL", "bench@rlpipe.invalid"),
+                       ("GIT_COMMITTER_NAME", "bench"), ("GIT_COMMITTER_EMAIL", "bench@rlpipe.invalid")):
+        e.setdefault(key, value)
+    return e
+
+
+def sh(cmd: list[str], cwd: Path) -> None:
+    proc = subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed in {cwd}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def curve(prepared: Path, work: Path, name: str, updates: dict[str, object], iterations: int) -> dict:
+    root = work / name
+    shutil.rmtree(root, ignore_errors=True)  # a rerun starts this algorithm over
+    shutil.copytree(prepared, root, symlinks=True)
+    edit_params(root / "params.yaml", updates)
+    sh(["git", "commit", "-q", "--allow-empty", "-am", f"algorithm {name}"], root)
+    start = time.time()
+    sh(["rlpipe", "run", "-n", str(iterations)], root)
+    rows = [json.loads(line) for line in (root / "history/iterations.jsonl").read_text().splitlines()]
+    warm = json.loads((root / "metrics/prepare.json").read_text())
+    return {"name": name, "warm_start_accuracy": warm.get("warmstart_eval_accuracy"), "rows": rows,
+            "seconds_per_iteration": (time.time() - start) / iterations}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--algorithms", nargs="+", default=["grpo", "gspo", "ppo"])
+    parser.add_argument("--workdir", default=None, help="scratch directory (default: a temp dir)")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--list", action="store_true")
+    args = parser.parse_args()
+    if args.list:
+        for name, updates in ALGORITHMS.items():
+            print(f"{name:22s} {updates}")
+        return
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="rlpipe-curves-"))
+    work.mkdir(parents=True, exist_ok=True)
+    prepared = work / "_prepared"
+    if not prepared.exists():
+        prepared.mkdir()
+        make_project(prepared, shrink=False)
+        sh(["dvc", "repro", "prepare", "train_reward_model"], prepared)
+        sh(["git", "add", "-A"], prepared)
+        sh(["git", "commit", "-qm", "prepared"], prepared)
+    results = [curve(prepared, work, name, ALGORITHMS[name], args.iterations) for name in args.algorithms]
+    header = "| algorithm | warm start | " + " | ".join(f"it {i + 1}" for i in range(args.iterations)) + " | s/iter |"
+    print(header)
+    print("|" + "---|" * (args.iterations + 3))
+    for r in results:
+        accs = " | ".join(f"{row['eval_accuracy']:.3f}" for row in r["rows"])
+        print(f"| {r['name']} | {r['warm_start_accuracy']:.3f} | {accs} | {r['seconds_per_iteration']:.0f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Several processes on one stage: torchrun detection, the process group, who does which share.
+
+    torchrun --standalone --nproc_per_node 2 stages/train.py ...              (FSDP2: rlpipe.training.distributed)
+    torchrun --standalone --nproc_per_node 2 stages/reference_logprob.py ...  (data parallel: `score_in_shares`)
+
+Without torchrun (or with WORLD_SIZE=1) `start` returns None and every stage takes its
+single-process path, unchanged: nothing here runs then.
+
+Work is dealt round-robin: item i goes to rank i % world_size (`share`), and `in_order` puts the
+ranks' results back in item order. Every rank reads the whole input artifact, so the deal needs
+no communication and every rank knows every item (e.g. a step's token count) without a collective.
+Only rank 0 writes outputs. Kept free of polars: the GPU image runs the training path without it.
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as torch_dist
+
+from rlpipe.errors import ConfigError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in a torchrun launch (the process group is initialised by `start`)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def share(self, items: Sequence[T]) -> list[T | None]:
+        """This rank's items (i % world_size == rank), padded with None to the largest share.
+
+        Why the padding: a rank that runs one forward fewer than the others would leave FSDP's
+        collectives waiting; the caller runs a dummy pass for each None.
+        """
+        mine: list[T | None] = list(items[self.rank::self.world_size])
+        return mine + [None] * (math.ceil(len(items) / self.world_size) - len(mine))
+
+    def in_order(self, mine: list[Any]) -> list[Any]:
+        """Every rank's results of `share(items)` (without the None padding), back in item order."""
+        per_rank = self.gather(mine)
+        rounds = max(len(results) for results in per_rank)
+        return [results[i] for i in range(rounds) for results in per_rank if i < len(results)]
+
+    def gather(self, obj: Any) -> list[Any]:
+        """`obj` of every rank (picklable), indexed by rank, on every rank."""
+        out: list[Any] = [None] * self.world_size
+        torch_dist.all_gather_object(out, obj)
+        return out
+
+
+def torchrun_world_size() -> int:
+    """WORLD_SIZE as torchrun sets it; 1 when not launched by torchrun."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def start(device: str) -> Dist | None:
+    """Join the process group of a torchrun launch (nccl on CUDA, gloo on CPU); None without one.
+
+    Each rank uses GPU LOCAL_RANK, so ``device`` must be "cuda" (or "cpu"), not "cuda:N". Ranks
+    other than 0 draw no progress bars (RLPIPE_NO_PROGRESS).
+    """
+    world_size = torchrun_world_size()
+    if world_size <= 1:
+        return None
+    kind = torch.device(device)
+    if kind.index is not None or kind.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device {device!r} under torchrun: use 'cuda' (each rank takes GPU LOCAL_RANK) or 'cpu'")
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    if kind.type == "cuda":
+        torch.cuda.set_device(local_rank)
+    if not torch_dist.is_initialized():
+        torch_dist.init_process_group("nccl" if kind.type == "cuda" else "gloo")
+    if rank != 0:
+        os.environ["RLPIPE_NO_PROGRESS"] = "1"
+    return Dist(rank=rank, world_size=world_size, local_rank=local_rank)
+
+
+def finish(dist: Dist | None) -> None:
+    """Leave the process group (a no-op without one)."""
+    if dist is not None and torch_dist.is_initialized():
+        torch_dist.barrier()
+        torch_dist.destroy_process_group()
+
+
+def score_in_shares(frame: Any, score: Callable[[Any], Any], dist: Dist, *, max_tokens_per_batch: int,
+                    progress: Callable[[int], None] | None = None) -> Any:
+    """Data-parallel scoring of a rollout frame: on rank 0 the concatenated results, elsewhere None.
+
+    ``score(sub_frame) -> frame`` is the single-process scorer (e.g. rlpipe.reference's). The rows
+    are cut into the packed token-budget batches that one process would make over the whole frame
+    (`token_budget_batches`, longest first), the batches are dealt round-robin, and each batch is
+    scored by its own ``score`` call: a sequence then shares its batch, and so its floating-point
+    rounding, with exactly the sequences it shares it with in a single process, and the written
+    table is byte-identical. Row order is not kept (write_artifact sorts by key). ``progress``:
+    called on rank 0 with the other ranks' row count once they are gathered.
+    """
+    import polars as pl
+
+    from rlpipe.engines.logprobs import token_budget_batches
+
+    lengths = (frame["prompt_token_ids"].list.len() + frame["completion_token_ids"].list.len()).to_list()
+    batches = token_budget_batches(lengths, max_tokens_per_batch, packed=True)
+    mine = [score(frame[sorted(rows)]) for rows in batches[dist.rank::dist.world_size]]
+    parts = dist.gather(mine)
+    if not dist.is_main:
+        return None
+    if progress is not None:  # ``score`` reported rank 0's own rows; the other ranks' arrive all at once
+        progress(sum(part.height for rank_parts in parts[1:] for part in rank_parts))
+    return pl.concat([part for rank_parts in parts for part in rank_parts])

@@ -1,0 +1,180 @@
+"""FSDP2 (`fully_shard`) training under torchrun: the sharding, the forward FSDP sees, what crosses ranks.
+
+    torchrun --standalone --nproc_per_node 2 stages/train.py ...   (the arguments of `python stages/train.py`)
+
+`train_policy(..., dist=ShardedTraining)` runs the loop of one process on every rank, with these
+differences (``dist=None`` is the single-process path, untouched):
+- every rank reads the whole iteration and draws the same shuffles and minibatches;
+- a minibatch is cut into the micro-batches one process would make (``train.micro_batch_size``
+  sequences, a forward's memory), dealt round-robin to the ranks. Each keeps its normalisers: the
+  whole step's token/sequence counts (scope minibatch; every rank holds every sequence, so these
+  are global without a collective) or its own counts and 1/k, k the step's micro-batch count over
+  all ranks (scope micro_batch). FSDP then SUMS the gradients over ranks (divide factor 1: the
+  losses are already normalised globally), so a step's gradient is one process's up to the order
+  of float additions, whatever the split;
+- a rank with one micro-batch fewer than rank 0 runs a zero-weighted pass, so that FSDP's
+  all-gathers and reduce-scatters stay in step; a micro-batch count divisible by the world size
+  (minibatch_size a multiple of world_size x micro_batch_size) wastes none;
+- step metrics: every micro-batch's loss and health stats are gathered and combined in micro-batch
+  order, exactly as one process combines them; skip / early-stop decisions are therefore the same
+  on every rank;
+- log-probs before and after training: the packed token-budget batches one process would make,
+  dealt round-robin, gathered on every rank;
+- state dicts (checkpoint, resume state): gathered full and unsharded to rank 0's CPU memory.
+
+Why a wrapper as the FSDP root. FSDP2 gathers the parameters that belong to no sharded
+submodule (embeddings, final norm, LM head) in a pre-forward hook of the module given to
+`fully_shard`, and reduce-scatters their gradients after that module's backward.
+`rlpipe.engines.logprobs.completion_logprobs` runs the body through the causal LM's own forward
+but applies its chunked LM head afterwards, outside that forward. Here the root is
+`PolicyForward`, a module whose forward IS the whole log-prob computation (body + chunked head),
+so `fully_shard(each decoder layer)` + `fully_shard(PolicyForward(model))` brackets every use of
+every parameter with FSDP's hooks. Tied embeddings are one parameter in the root's group,
+unsharded for the whole forward and backward (FSDP2 leaves the root unsharded after its forward).
+The PPO critic (`rlpipe.value_model.ScalarHeadModel`) needs no wrapper: its forward already runs
+body and head.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
+
+from rlpipe.distributed import Dist
+from rlpipe.engines.logprobs import completion_logprobs, make_packed_batch, token_budget_batches, unpad
+
+FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)  # others get an empty dict
+
+
+class PolicyForward(torch.nn.Module):
+    """The FSDP2 root over a causal LM: forward = `completion_logprobs` (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch, *, temperature: float, chunk_size: int, with_entropy: bool):
+        return completion_logprobs(self.model, batch, temperature=temperature, chunk_size=chunk_size,
+                                   with_entropy=with_entropy)
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise TypeError(f"{type(model).__name__} has no transformers decoder layers to shard")
+    return layers
+
+
+def _shard(root: torch.nn.Module, body: torch.nn.Module) -> None:
+    """fully_shard each decoder layer of ``body``, then ``root``; gradients summed over ranks, not averaged."""
+    for layer in _decoder_layers(body):
+        fully_shard(layer)
+    fully_shard(root)
+    for module in root.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            if hasattr(module, "set_force_sum_reduction_for_comms"):  # a plain SUM: gloo has no PREMUL_SUM
+                module.set_force_sum_reduction_for_comms(True)
+
+
+@dataclass
+class ShardedTraining:
+    """The `dist` of `train_policy`: the sharded policy (and critic) and the collectives the loop needs."""
+
+    dist: Dist
+    policy: torch.nn.Module  # the causal LM, sharded in place
+    root: PolicyForward
+    critic: torch.nn.Module | None = None  # its own FSDP root
+
+    def share(self, items: Sequence[Any]) -> list[Any]:
+        return self.dist.share(items)
+
+    def in_order(self, mine: list[Any]) -> list[Any]:
+        return self.dist.in_order(mine)
+
+    def completion_logprobs(self, model, batch, *, temperature: float, chunk_size: int, with_entropy: bool):
+        """`rlpipe.engines.logprobs.completion_logprobs` of the sharded policy, run through its FSDP root."""
+        if model is not self.policy:
+            raise ValueError("ShardedTraining computes the log-probs of the policy it sharded, no other model")
+        return self.root(batch, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
+
+    def all_logprobs(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
+                     temperature: float, max_tokens_per_batch: int, chunk_size: int, with_entropy: bool
+                     ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+        """No-grad log-probs (and entropies) of every sequence, on every rank.
+
+        The packed token-budget batches `batched_completion_logprobs` makes, dealt round-robin: each
+        sequence shares its batch, and so its rounding, with the same sequences as in one process.
+        """
+        lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+        batches = token_budget_batches(lengths, max_tokens_per_batch, packed=True)
+        mine = []
+        with torch.no_grad():
+            for rows in self.share(batches):
+                pick = rows if rows is not None else batches[-1]  # a dummy pass on the shortest batch
+                batch = make_packed_batch([prompts[i] for i in pick], [completions[i] for i in pick])
+                logprobs_BC, entropy_BC = self.root(batch, temperature=temperature, chunk_size=chunk_size,
+                                                    with_entropy=with_entropy)
+                if rows is not None:
+                    mine.append((rows, unpad(logprobs_BC, batch.completion_lengths),
+                                 unpad(entropy_BC, batch.completion_lengths) if with_entropy else None))
+        logprobs: list[Any] = [None] * len(prompts)
+        entropies: list[Any] = [None] * len(prompts)
+        for rows, logprob_rows, entropy_rows in self.in_order(mine):
+            for k, i in enumerate(rows):
+                logprobs[i] = logprob_rows[k]
+                if with_entropy:
+                    entropies[i] = entropy_rows[k]
+        return logprobs, (entropies if with_entropy else None)
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float) -> float:
+        """`torch.nn.utils.clip_grad_norm_` over sharded gradients: the norm of the full gradient, on every rank."""
+        params = [p for p in parameters if p.grad is not None]
+        total = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if isinstance(total, DTensor):  # each rank holds a partial norm of its shards
+            total = total.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return float(total)
+
+    def state(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
+              ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Full model (and optimizer) state dicts on rank 0, on the CPU; empty on other ranks. A collective.
+
+        The optimizer's is keyed by parameter name (DCP's format), not by position as one process's is.
+        """
+        for root in (self.root, self.critic):
+            if root is not None:
+                root.reshard()  # after a no-grad forward the root holds unsharded parameters
+        model_state = get_model_state_dict(module, options=FULL_ON_RANK0)
+        if optimizer is None:
+            return model_state, None
+        return model_state, get_optimizer_state_dict(module, optimizer, options=FULL_ON_RANK0)
+
+    def load_state(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                   model_state: dict[str, Any], optimizer_state: dict[str, Any]) -> None:
+        """Load full state dicts (as `state` gathers them, held by every rank) into the sharded module and optimizer."""
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(module, model_state, options=options)
+        set_optimizer_state_dict(module, optimizer, optimizer_state, options=options)
+
+
+def shard_for_training(model: torch.nn.Module, dist: Dist, critic: torch.nn.Module | None = None) -> ShardedTraining:
+    """Shard ``model`` (a causal LM) and ``critic`` (a ScalarHeadModel) in place with FSDP2 over all ranks.
+
+    Enable gradient checkpointing before sharding (it composes with fully_shard on the same layers).
+    Weights stay float32; train.dtype bfloat16 runs the forward under autocast, as in one process.
+    """
+    root = PolicyForward(model)
+    _shard(root, model)
+    if critic is not None:
+        _shard(critic, critic)
+    return ShardedTraining(dist=dist, policy=model, root=root, critic=critic)

@@ -1,0 +1,157 @@
+"""The loss of one micro-batch: policy term, KL to pi_ref, entropy bonus, corrections, critic term.
+
+    L = agg( w_t * (-J_t) + beta * D_t - c_H * H_t )  +  c_V * agg( L_V,t )
+
+- `J_t`: the policy objective named by ``train.policy_loss`` (PPO-clip with clip-higher and dual
+  clip, GSPO, GSPO-token), on tokens kept by DeepSeek-V3.2's off-policy sequence mask
+  (``train.off_policy_mask_delta``);
+- `w_t`: truncated importance weights `min(pi_old / pi_sampler, C)` (``train.tis_cap``), 1 when off;
+- `D_t`: the KL estimator of pi_theta against pi_ref (``train.kl_estimator``), optionally weighted by
+  pi_theta / pi_old (DeepSeek-V3.2's unbiased KL, ``train.kl_importance_weighted``), clamped as the
+  profile says;
+- `L_V`: the clipped value loss of the critic (gae only);
+- `agg`: ``train.loss_aggregation`` with the normalisers of ``train.token_mean_scope``.
+
+A masked-out sequence stays in the normalisers (its loss is 0, not removed), so masking never
+changes how much the other sequences weigh, and micro-batch invariance holds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from rlpipe.algorithms.aggregation import aggregate_loss
+from rlpipe.algorithms.kl import get_kl_estimator, importance_weighted_kl
+from rlpipe.algorithms.losses import (get_policy_loss, off_policy_sequence_mask, policy_health_metrics,
+                                      truncated_importance_weights, value_loss)
+from rlpipe.config import TrainConfig
+from rlpipe.engines.logprobs import completion_logprobs, make_packed_batch, make_token_batch
+
+
+@dataclass
+class TrainingData:
+    """The trainable view of one iteration: ragged token lists, one entry per sequence."""
+
+    prompt_token_ids: list[list[int]]
+    completion_token_ids: list[list[int]]
+    token_advantages: list[np.ndarray]
+    ref_logprobs: list[np.ndarray]
+    sampler_logprobs: list[np.ndarray]
+    sequence_advantages: np.ndarray  # [B] A_i (token-level estimators: the mean of the token advantages)
+    trainable: np.ndarray  # bool [B]: False where the advantage stage filtered the row out
+    old_values: list[np.ndarray] | None = None  # gae: V_old from the values stage
+    returns: list[np.ndarray] | None = None  # gae: critic targets R_t
+    old_logprobs: list[np.ndarray] | None = None  # filled by the loop: the trainer's recomputed log pi_old
+
+
+@dataclass(frozen=True)
+class Normalisers:
+    """What `aggregate_loss` divides by in this micro-batch, and the scale of its contribution."""
+
+    total_tokens: int
+    total_sequences: int
+    max_length: int
+    scale: float = 1.0
+
+
+def pad_rows(rows: Sequence[np.ndarray], width: int, device: torch.device | str) -> torch.Tensor:
+    """Right-pad ragged float rows into a [B, width] float32 tensor (zeros beyond each row)."""
+    out = torch.zeros(len(rows), width, dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.as_tensor(np.asarray(r, dtype=np.float32))
+    return out.to(device)
+
+
+def autocast(cfg: TrainConfig):
+    if cfg.dtype == "bfloat16":
+        return torch.autocast(device_type=torch.device(cfg.device).type, dtype=torch.bfloat16)
+    return torch.autocast(device_type="cpu", enabled=False)
+
+
+def _kl_to_reference(logp_BC, old_BC, ref_BC, cfg: TrainConfig) -> torch.Tensor:
+    clamps = {"log_ratio_clamp": cfg.kl_log_ratio_clamp, "value_clamp": cfg.kl_value_clamp}
+    if cfg.kl_importance_weighted:
+        return importance_weighted_kl(logp_BC, old_BC, ref_BC, estimator=cfg.kl_estimator, **clamps)
+    return get_kl_estimator(cfg.kl_estimator)(logp_BC, ref_BC, **clamps)
+
+
+def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg: TrainConfig, *, temperature: float,
+                     pad_token_id: int, norm_for, dist=None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss of one micro-batch (already scaled for accumulation) and its health statistics.
+
+    ``norm_for(mask_BC) -> Normalisers``: the loop's normalisers for this micro-batch.
+    ``dist``: under torchrun, the `ShardedTraining` whose FSDP root runs the policy's forward.
+    """
+    prompts, completions = [data.prompt_token_ids[i] for i in idx], [data.completion_token_ids[i] for i in idx]
+    batch = make_packed_batch(prompts, completions).to(cfg.device)  # one unpadded row: no work on padding
+    logprobs_of = completion_logprobs if dist is None else dist.completion_logprobs
+    with autocast(cfg):
+        logp_BC, entropy_BC = logprobs_of(model, batch, temperature=temperature, chunk_size=cfg.chunk_size,
+                                          with_entropy=cfg.entropy_coef > 0)
+    logp_BC = logp_BC.float()
+    width, device = logp_BC.shape[1], logp_BC.device
+    mask_BC = torch.arange(width, device=device)[None, :] < torch.tensor(batch.completion_lengths, device=device)[:, None]
+    rows = lambda name: pad_rows([getattr(data, name)[i] for i in idx], width, device)  # noqa: E731
+    old_BC, adv_BC, ref_BC = rows("old_logprobs"), rows("token_advantages"), rows("ref_logprobs")
+    norm = norm_for(mask_BC)
+    health: dict[str, float] = {}
+
+    loss_mask_BC = mask_BC
+    if cfg.off_policy_mask_delta is not None:
+        seq_adv_B = torch.as_tensor(data.sequence_advantages[list(idx)], dtype=torch.float32, device=device)
+        keep_B = off_policy_sequence_mask(rows("sampler_logprobs"), logp_BC, seq_adv_B, mask_BC,
+                                          delta=cfg.off_policy_mask_delta)
+        loss_mask_BC = mask_BC & keep_B[:, None]
+        health["off_policy_masked_fraction"] = float((~keep_B).float().mean())
+    loss_BC, stats = get_policy_loss(cfg.policy_loss_function)(
+        logp_BC, old_BC, adv_BC, loss_mask_BC, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+        dual_clip_c=cfg.dual_clip_c)
+    if cfg.tis_cap is not None:
+        weights_BC = truncated_importance_weights(old_BC, rows("sampler_logprobs"), mask_BC, cap=cfg.tis_cap)
+        loss_BC = loss_BC * weights_BC
+        valid = mask_BC
+        health["tis_weight_mean"] = float(weights_BC[valid].mean()) if valid.any() else 0.0
+        health["tis_capped_fraction"] = float((weights_BC[valid] >= cfg.tis_cap).float().mean()) if valid.any() else 0.0
+    kl_BC = _kl_to_reference(logp_BC, old_BC, ref_BC, cfg)
+    if cfg.kl_beta > 0:
+        loss_BC = loss_BC + cfg.kl_beta * kl_BC
+    if cfg.entropy_coef > 0:
+        loss_BC = loss_BC - cfg.entropy_coef * entropy_BC.float()
+    loss = norm.scale * aggregate_loss(loss_BC, loss_mask_BC, mode=cfg.loss_aggregation, total_tokens=norm.total_tokens,
+                                       total_sequences=norm.total_sequences, max_length=norm.max_length)
+    health["policy_loss"] = float(loss.detach())
+
+    health.update(policy_health_metrics(logp_BC, old_BC, mask_BC, stats))
+    health["kl_ref"] = float(kl_BC.detach()[mask_BC].mean()) if mask_BC.any() else 0.0
+    if entropy_BC is not None:
+        health["entropy"] = float(entropy_BC.detach().float()[mask_BC].mean()) if mask_BC.any() else 0.0
+    if critic is not None:
+        padded = make_token_batch(prompts, completions, pad_token_id=pad_token_id).to(cfg.device)  # the critic's layout
+        value_term, value_health = _critic_loss(critic, padded, data, idx, mask_BC, cfg, norm)
+        loss = loss + cfg.critic.value_coef * value_term
+        health.update(value_health)
+    return loss, health
+
+
+def _critic_loss(critic, batch, data: TrainingData, idx, mask_BC, cfg: TrainConfig, norm: Normalisers
+                 ) -> tuple[torch.Tensor, dict[str, Any]]:
+    from rlpipe.value_model import completion_values
+
+    with autocast(cfg):
+        values_BC = completion_values(critic, batch).float()
+    width, device = values_BC.shape[1], values_BC.device
+    old_BC = pad_rows([data.old_values[i] for i in idx], width, device)
+    ret_BC = pad_rows([data.returns[i] for i in idx], width, device)
+    loss_BC = value_loss(values_BC, old_BC, ret_BC, mask_BC, clip_eps=cfg.critic.value_clip_eps)
+    loss = norm.scale * aggregate_loss(loss_BC, mask_BC, mode=cfg.loss_aggregation, total_tokens=norm.total_tokens,
+                                       total_sequences=norm.total_sequences, max_length=norm.max_length)
+    with torch.no_grad():
+        m = mask_BC
+        clipped = ((values_BC - old_BC).abs() > cfg.critic.value_clip_eps) & m
+        health = {"value_loss": float(loss.detach()),
+                  "value_clip_fraction": float(clipped[m].float().mean()) if m.any() else 0.0,
+                  "value_mean": float(values_BC[m].mean()) if m.any() else 0.0}
+    return loss, health

@@ -1,0 +1,157 @@
+"""Scalar-head models: a transformer body with a linear head giving one number per position.
+
+Two users, one class:
+- the PPO critic reads the head at the positions that predict completion tokens, so ``V_t`` is the
+  value of the state *before* completion token ``t`` (the same positions the log-probs use);
+- the Bradley-Terry reward model reads the head at the last token of prompt+completion.
+
+Why a separate model and not a value head on the policy's body: the critic and the policy then
+have their own optimisers, learning rates and checkpoints, a reward or value bug cannot leak into
+the policy's representation, and the policy directory stays a plain causal LM that vLLM loads as
+is. The price is a second body in memory during training (see docs/ppo.md for the trade-off).
+
+On disk a scalar-head model is a Hugging Face *base model* directory (config.json + safetensors of
+e.g. ``LlamaModel``), the tokenizer, ``scalar_head.safetensors`` and ``rlpipe.json`` with
+``kind: scalar_head``. Starting from a plain causal-LM directory (the policy or the SFT model)
+loads its body (the LM head is dropped) and draws a fresh head from a seed.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from rlpipe.engines.base import eval_mode
+from rlpipe.engines.logprobs import TokenBatch, make_token_batch
+from rlpipe.errors import ArtifactError
+from rlpipe.io import CHECKPOINT_INFO, atomic_path
+from rlpipe.models import DTYPES, check_model_dir
+
+HEAD_FILE = "scalar_head.safetensors"
+KIND = "scalar_head"
+
+
+class ScalarHeadModel(torch.nn.Module):
+    """``body`` (an HF base model) followed by ``head`` (Linear(hidden, 1), float32)."""
+
+    def __init__(self, body: torch.nn.Module, head: torch.nn.Linear):
+        super().__init__()
+        self.body = body
+        self.head = head
+
+    @property
+    def config(self) -> Any:
+        return self.body.config
+
+    def forward(self, batch: TokenBatch) -> torch.Tensor:
+        """[B, T] float32 head output at every position of a right-padded batch."""
+        positions_BT = (batch.attention_mask_BT.cumsum(-1) - 1).clamp(min=0)
+        hidden_BTH = self.body(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT,
+                               position_ids=positions_BT, use_cache=False).last_hidden_state
+        return self.head(hidden_BTH.float()).squeeze(-1)
+
+
+def is_scalar_model_dir(path: str | Path) -> bool:
+    return (Path(path) / HEAD_FILE).is_file()
+
+
+def load_scalar_model(path: str | Path, *, seed: int, device: str, dtype: str = "float32") -> ScalarHeadModel:
+    """A saved scalar-head model, or a fresh head on the body of a causal-LM directory.
+
+    Why the fresh head is drawn small (std 1/(hidden+1)) rather than zero: a zero head gives the body
+    no gradient on the first step, a large one starts the critic far from the rewards' scale.
+    """
+    from transformers import AutoModel
+
+    p = check_model_dir(path)
+    try:
+        body = AutoModel.from_pretrained(str(p), dtype=DTYPES[dtype], local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"{p}: could not load a model body for the scalar head: {e}") from None
+    hidden = int(body.config.hidden_size)
+    head = torch.nn.Linear(hidden, 1, dtype=torch.float32)
+    if is_scalar_model_dir(p):
+        state = load_file(str(p / HEAD_FILE))
+        if state["weight"].shape != head.weight.shape:
+            raise ArtifactError(f"{p / HEAD_FILE}: head weight has shape {tuple(state['weight'].shape)}, "
+                                f"the body's hidden size needs {tuple(head.weight.shape)}")
+        head.load_state_dict(state)
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            head.weight.copy_(torch.randn(head.weight.shape, generator=gen) / (hidden + 1))
+            head.bias.zero_()
+    return ScalarHeadModel(body, head).to(device)
+
+
+def save_scalar_model(model: ScalarHeadModel, tokenizer: Any, out_dir: str | Path, *, info: dict[str, Any]) -> None:
+    """Save body, head, tokenizer and ``rlpipe.json`` (``info`` plus kind) atomically."""
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        model.body.save_pretrained(str(tmp), safe_serialization=True)
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}, str(tmp / HEAD_FILE))
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / CHECKPOINT_INFO).write_text(json.dumps({**info, "kind": KIND}, sort_keys=True) + "\n")
+
+
+def completion_values(model: ScalarHeadModel, batch: TokenBatch) -> torch.Tensor:
+    """[B, C] values, zero-padded: column t is read at the position that predicts completion token t."""
+    out_BT = model(batch)
+    n_rows, n_cols = out_BT.shape[0], batch.max_completion_length
+    row_N, pos_N = batch.completion_mask_BT[:, 1:].nonzero(as_tuple=True)
+    prompt_len_B = torch.tensor(batch.prompt_lengths, dtype=torch.long, device=out_BT.device)
+    col_N = pos_N + 1 - prompt_len_B[row_N]
+    grid_BC = torch.zeros((n_rows, n_cols), dtype=torch.float32, device=out_BT.device)
+    return grid_BC.index_put((row_N, col_N), out_BT[row_N, pos_N])
+
+
+def sequence_scores(model: ScalarHeadModel, batch: TokenBatch) -> torch.Tensor:
+    """[B] head output at the last token of each prompt+completion (the reward model's score)."""
+    out_BT = model(batch)
+    last_B = batch.attention_mask_BT.sum(-1) - 1
+    return out_BT[torch.arange(out_BT.shape[0], device=out_BT.device), last_B]
+
+
+def _batches(lengths: Sequence[int], max_tokens_per_batch: int) -> list[list[int]]:
+    """Indices grouped longest first so that rows x longest length stays within the token budget."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    out: list[list[int]] = []
+    for i in order:
+        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= max_tokens_per_batch:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def batched_values(model: ScalarHeadModel, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                   *, pad_token_id: int, max_tokens_per_batch: int) -> list[np.ndarray]:
+    """No-grad per-token values of every completion, one float32 array each, in input order."""
+    out: list[np.ndarray | None] = [None] * len(prompts)
+    device = next(model.parameters()).device
+    with torch.inference_mode(), eval_mode(model):
+        for idx in _batches([len(p) + len(c) for p, c in zip(prompts, completions)], max_tokens_per_batch):
+            batch = make_token_batch([prompts[i] for i in idx], [completions[i] for i in idx],
+                                     pad_token_id=pad_token_id).to(device)
+            grid = completion_values(model, batch).cpu().numpy()
+            for row, i in enumerate(idx):
+                out[i] = grid[row, : len(completions[i])].copy()
+    return out  # type: ignore[return-value]
+
+
+def batched_scores(model: ScalarHeadModel, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                   *, pad_token_id: int, max_tokens_per_batch: int) -> np.ndarray:
+    """No-grad sequence scores, float64 [B], in input order."""
+    out = np.zeros(len(prompts), dtype=np.float64)
+    device = next(model.parameters()).device
+    with torch.inference_mode(), eval_mode(model):
+        for idx in _batches([len(p) + len(c) for p, c in zip(prompts, completions)], max_tokens_per_batch):
+            batch = make_token_batch([prompts[i] for i in idx], [completions[i] for i in idx],
+                                     pad_token_id=pad_token_id).to(device)
+            out[idx] = sequence_scores(model, batch).double().cpu().numpy()
+    return out

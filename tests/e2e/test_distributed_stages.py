@@ -1,0 +1,72 @@
+"""The train and reference_logprob stages under `torchrun --nproc_per_node 2` (gloo, CPU) against `dvc repro`'s.
+
+reference_logprob (data parallel) must write the same bytes; train (FSDP2) the same checkpoint and
+token statistics up to float32 rounding (the ranks' gradients are summed in another order).
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+
+from rlpipe.commands import stage_commands
+from rlpipe.io import read_artifact, read_json
+from rlpipe.schema import TRAIN_TOKEN_STATS
+from tests.e2e.conftest import edit_params, run
+
+pytestmark = pytest.mark.slow
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
+def torchrun_stage(project, stage: str, outputs: dict[str, str]):
+    """Run ``stage``'s dvc.yaml command under torchrun, with the options in ``outputs`` pointed elsewhere."""
+    words = shlex.split(stage_commands(project / "dvc.yaml", project / "params.yaml")[stage])
+    assert words[0] == "python"
+    for option, path in outputs.items():
+        words[words.index(option) + 1] = path
+    return run(TORCHRUN + words[1:], project)
+
+
+def test_reference_logprob_data_parallel_is_byte_identical(project_copy, tmp_path):
+    out = tmp_path / "ref_logprobs.parquet"
+    torchrun_stage(project_copy, "reference_logprob", {"--out": str(out), "--metrics": str(tmp_path / "ref.json")})
+    assert out.read_bytes() == (project_copy / "artifacts/reference_logprob/ref_logprobs.parquet").read_bytes()
+    single, parallel = read_json(project_copy / "metrics/reference_logprob.json"), read_json(tmp_path / "ref.json")
+    for key in ("num_samples", "tokens", "ref_logprob_mean", "kl_sampler_ref_k1"):
+        assert parallel[key] == single[key], key
+
+
+def test_train_under_fsdp_matches_the_single_process_stage(project_copy, tmp_path):
+    new = {"--checkpoint": str(tmp_path / "checkpoint"), "--critic-checkpoint": str(tmp_path / "critic"),
+           "--token-stats": str(tmp_path / "token_stats.parquet"), "--metrics": str(tmp_path / "train.json"),
+           "--steps": str(tmp_path / "steps.csv")}
+    edit_params(project_copy / "params.yaml", {"train.checkpoint_every_steps": 1})  # rank 0 saves full states
+    torchrun_stage(project_copy, "train", new)
+
+    ckpt = project_copy / "artifacts/train/checkpoint"
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == sorted(p.name for p in ckpt.iterdir())
+    for name in ("config.json", "rlpipe.json", "tokenizer.json"):
+        assert (tmp_path / "checkpoint" / name).read_bytes() == (ckpt / name).read_bytes(), name
+    single, fsdp = load_file(ckpt / "model.safetensors"), load_file(tmp_path / "checkpoint/model.safetensors")
+    assert single.keys() == fsdp.keys()
+    start = load_file(project_copy / "artifacts/prepare/model/model.safetensors")
+    for key, w in single.items():
+        assert not (w == start[key]).all() or key.endswith("norm.weight"), f"{key} did not move"
+        assert (fsdp[key] - w).abs().max() < 1e-5, key
+
+    a = read_artifact(project_copy / "artifacts/train/token_stats.parquet", TRAIN_TOKEN_STATS).frame
+    b = read_artifact(tmp_path / "token_stats.parquet", TRAIN_TOKEN_STATS).frame
+    assert a.select("prompt_id", "sample_idx").equals(b.select("prompt_id", "sample_idx"))
+    for column, atol in (("old_logprobs", 0.0), ("entropy", 0.0), ("new_logprobs", 1e-4)):
+        np.testing.assert_allclose(np.concatenate(b[column].to_list()), np.concatenate(a[column].to_list()),
+                                   atol=atol, rtol=0, err_msg=column)
+
+    m1, m2 = read_json(project_copy / "metrics/train.json"), read_json(tmp_path / "train.json")
+    assert m2["optimizer_steps"] == m1["optimizer_steps"] > 1
+    for key in ("loss_mean", "grad_norm_mean", "clip_fraction", "approx_kl_old", "entropy_old", "kl_ref"):
+        assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-7), key
+    assert not list((project_copy / ".rlpipe/resume").glob("train-*"))  # rank 0 cleared its resume state
