@@ -24,17 +24,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.e2e.conftest import edit_params, make_project  # noqa: E402  (the same project copy the e2e tests use)
+from tests.e2e.test_algorithms import VARIANTS  # noqa: E402
 
-ALGORITHMS: dict[str, dict[str, object]] = {
-    "grpo": {},
-    "dr_grpo": {"advantage.estimator": "dr_grpo", "train.loss_aggregation": "seq-mean-token-sum-norm"},
-    "dapo": {"train.eps_high": 0.28, "advantage.drop_zero_variance_groups": True,
-             "train.loss_aggregation": "token-mean"},
-    "gspo": {"train.policy_loss": "gspo", "train.eps_low": 3.0e-4, "train.eps_high": 4.0e-4},
-    "rloo": {"advantage.estimator": "rloo"},
-    "reinforce_plus_plus": {"advantage.estimator": "reinforce_plus_plus", "train.loss_aggregation": "token-mean"},
-    "ppo": {"advantage.estimator": "gae", "train.loss_aggregation": "token-mean"},
-}
+# the same params as the one-iteration e2e test of every algorithm (one definition of each variant)
+ALGORITHMS: dict[str, dict[str, object]] = {"grpo": {}, **VARIANTS}
 
 
 def env() -> dict[str, str]:

@@ -26,6 +26,8 @@ INPUTS = {
     "generate": {"--prompts": "prompt_token_ids"},
     "score": {"--rollouts": "completion_text", "--prompts": "answer"},
     "reference_logprob": {"--rollouts": "completion_token_ids"},
+    "values": {"--rollouts": "prompt_token_ids"},
+    "train_reward_model": {"--preferences": "chosen_token_ids"},
     "advantage": {"--rollouts": "completion_length", "--scores": "reward"},
     "train": {"--rollouts": "completion_token_ids", "--scores": "reward", "--ref-logprobs": "ref_logprobs",
               "--advantages": "token_advantages"},
@@ -125,6 +127,35 @@ def test_a_bad_input_file_is_refused_naming_it(ws, stage, option, case):  # noqa
     bad, needle = bad_file(case, src, dest, INPUTS[stage][option], PER_TOKEN.get(option),
                            ws / "artifacts/generate/rollouts.parquet")
     assert_refused(ws, stage, stage_args(ws, stage, **{option: str(bad)}), bad.name, needle)
+
+
+def test_ppo_refuses_a_values_table_without_a_critic(ws):  # noqa: F811
+    """advantage and train under gae, given the empty values table a GRPO iteration wrote: refused, naming it."""
+    edit_params(ws / "params.yaml", {"advantage.estimator": "gae"})
+    values = ws / "artifacts/values/values.parquet"
+    assert_refused(ws, "advantage", stage_args(ws, "advantage"), values.name, "holds no critic values")
+    adv = ws / "artifacts/advantage/advantages.parquet"
+    assert_refused(ws, "train", stage_args(ws, "train", **{"--advantages": str(adv)}), values.name,
+                   "holds no critic values")
+
+
+def test_ppo_train_refuses_advantages_without_returns(ws):  # noqa: F811
+    """A gae values table with GRPO advantages (no returns): the critic has no targets."""
+    import numpy as np
+
+    roll = pq.read_table(ws / "artifacts/generate/rollouts.parquet")
+    lengths = roll["completion_length"].to_pylist()
+    table = pa.table({"prompt_id": roll["prompt_id"], "sample_idx": roll["sample_idx"],
+                      "values": pa.array([np.zeros(n, dtype=np.float32).tolist() for n in lengths],
+                                         type=pa.large_list(pa.float32()))})
+    critic_values = ws / "critic_values.parquet"
+    meta = {"rlpipe": json.dumps({"artifact": "values", "schema_version": 1, "policy_version": 0,
+                                  "estimator": "gae", "critic": {"path": "x", "fresh_head": True,
+                                                                 "critic_version": 0}})}
+    pq.write_table(table.replace_schema_metadata(meta), critic_values)
+    edit_params(ws / "params.yaml", {"advantage.estimator": "gae"})
+    assert_refused(ws, "train", stage_args(ws, "train", **{"--values": str(critic_values)}),
+                   "advantages.parquet", "'returns' is null")
 
 
 PARAM_CASES = {

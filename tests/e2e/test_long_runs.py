@@ -111,7 +111,7 @@ def third_reproduced(uninterrupted, tmp_path_factory) -> Path:
     """Iteration 2 reproduced but not advanced, with ``iterate.keep_checkpoints: 1`` (read-only)."""
     root = copy(uninterrupted, tmp_path_factory.mktemp("third") / "project")
     edit_params(root / "params.yaml", {"iterate.keep_checkpoints": 1})  # no stage reads it: nothing re-runs
-    assert ran_stages(run(["dvc", "repro"], root).stdout) == ["generate", "score", "reference_logprob",
+    assert ran_stages(run(["dvc", "repro"], root).stdout) == ["generate", "score", "reference_logprob", "values",
                                                                "advantage", "train", "evaluate"]
     return root
 

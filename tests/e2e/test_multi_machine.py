@@ -44,11 +44,11 @@ def outputs(root: Path) -> dict[str, bytes]:
     return files
 
 
-def test_generate_on_one_machine_train_on_another(reproduced, tmp_path):
+def two_machines(tmp_path: Path, updates: dict) -> tuple[Path, Path]:
+    """Clones A and B of one project (params ``updates``), sharing a bare git repo and a DVC remote dir."""
     origin, remote = tmp_path / "origin.git", tmp_path / "dvc-remote"
     run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], tmp_path)
-    # Same params as `reproduced`; refresh_every is read by `rlpipe iterate` only, never by a stage.
-    seed = make_project(tmp_path / "seed", {"reference.refresh_every": 1})
+    seed = make_project(tmp_path / "seed", updates)
     run(["git", "branch", "-M", "main"], seed)
     run(["dvc", "remote", "add", "-d", "shared", str(remote)], seed)
     run(["git", "commit", "-qam", "DVC remote"], seed)
@@ -56,6 +56,12 @@ def test_generate_on_one_machine_train_on_another(reproduced, tmp_path):
     a, b = tmp_path / "machine_a", tmp_path / "machine_b"
     for machine in (a, b):
         run(["git", "clone", "-q", str(origin), str(machine)], tmp_path)
+    return a, b
+
+
+def test_generate_on_one_machine_train_on_another(reproduced, tmp_path):
+    # Same params as `reproduced`; refresh_every is read by `rlpipe iterate` only, never by a stage.
+    a, b = two_machines(tmp_path, {"reference.refresh_every": 1})
     an_hour_ago = time.time() - 3600  # B's checkout happened at another time: other mtimes, other bytecode
     for f in b.rglob("*.py"):
         os.utime(f, (an_hour_ago, an_hour_ago))
@@ -106,18 +112,8 @@ def test_generate_on_one_machine_train_on_another(reproduced, tmp_path):
 
 def test_ppo_critic_and_adaptive_kl_beta_move_between_machines(tmp_path):
     """B runs a PPO iteration and `rlpipe iterate`; A pulls and continues with B's critic and beta."""
-    origin, remote = tmp_path / "origin.git", tmp_path / "dvc-remote"
-    run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], tmp_path)
-    seed = make_project(tmp_path / "seed", {"advantage.estimator": "gae", "advantage.kl_in_reward.adaptive": True,
-                                            "advantage.kl_in_reward.target": 1.0e-3,
-                                            "advantage.kl_in_reward.horizon": 100})
-    run(["git", "branch", "-M", "main"], seed)
-    run(["dvc", "remote", "add", "-d", "shared", str(remote)], seed)
-    run(["git", "commit", "-qam", "DVC remote"], seed)
-    run(["git", "push", "-q", str(origin), "main"], seed)
-    a, b = tmp_path / "machine_a", tmp_path / "machine_b"
-    for machine in (a, b):
-        run(["git", "clone", "-q", str(origin), str(machine)], tmp_path)
+    a, b = two_machines(tmp_path, {"advantage.estimator": "gae", "advantage.kl_in_reward.adaptive": True,
+                                   "advantage.kl_in_reward.target": 1.0e-3, "advantage.kl_in_reward.horizon": 100})
 
     on(b, ["dvc", "repro"])
     on(b, ["rlpipe", "iterate"])

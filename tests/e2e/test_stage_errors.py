@@ -239,7 +239,8 @@ def test_prepare_applies_the_chat_template(ws):
 # Inputs from another schema version or another policy (files handed over between machines)
 # ----------------------------------------------------------------------------------------------
 
-OUTPUT_OPTIONS = {"--out", "--metrics", "--checkpoint", "--token-stats", "--steps"}
+OUTPUT_OPTIONS = {"--out", "--metrics", "--checkpoint", "--token-stats", "--steps", "--kl-controller",
+                  "--critic-checkpoint"}
 
 
 def stage_args(ws: Path, stage: str, **replace: str) -> list[str]:
@@ -247,7 +248,10 @@ def stage_args(ws: Path, stage: str, **replace: str) -> list[str]:
     from rlpipe.commands import stage_commands
 
     words = shlex.split(stage_commands(REPO / "dvc.yaml", ws / "params.yaml")[stage])[2:]  # drop `python stages/x.py`
-    opts = {opt: str(ws / "out" / Path(value).name) if opt in OUTPUT_OPTIONS else str(ws / value)
+    def is_output(opt: str) -> bool:  # --preferences: prepare's output, train_reward_model's input
+        return opt in OUTPUT_OPTIONS or (opt == "--preferences" and stage == "prepare")
+
+    opts = {opt: str(ws / "out" / Path(value).name) if is_output(opt) else str(ws / value)
             for opt, value in zip(words[::2], words[1::2])}
     opts.update(replace)
     return [x for kv in opts.items() for x in kv]

@@ -139,7 +139,7 @@ def resumed(dist: Dist | None, tmp: Path) -> dict:
 
 def _rank(rank: int, port: int, tmp: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1")
+                      WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)
     dist = start("cpu")
     try:
