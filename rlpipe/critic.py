@@ -6,15 +6,16 @@ head; train writes the updated critic, and `rlpipe iterate` points ``critic.path
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
 import polars as pl
 
 from rlpipe.config import ValuesConfig
-from rlpipe.io import read_json
+from rlpipe.io import CHECKPOINT_INFO, atomic_path, read_json
 from rlpipe.models import load_tokenizer
-from rlpipe.value_model import batched_values, is_scalar_model_dir, load_scalar_model
+from rlpipe.value_model import batched_values, is_scalar_model_dir, load_scalar_model, save_scalar_model
 
 # The fresh head's seed is derived from the run seed, so two runs with one seed start the same critic.
 HEAD_SEED_OFFSET = 17
@@ -49,3 +50,15 @@ def values_metrics(frame: pl.DataFrame) -> dict[str, Any]:
     return {"num_samples": frame.height, "tokens": int(flat.size),
             "value_mean": float(flat.mean()) if flat.size else 0.0,
             "value_std": float(flat.std()) if flat.size else 0.0}
+
+
+def save_critic(critic_model, tokenizer: Any, out_dir: str, *, version: int, estimator: str) -> None:
+    """The trained critic; without one (``critic_model`` None: every estimator but gae) a directory whose
+    rlpipe.json says why it holds no model (DVC needs the train stage's declared output either way)."""
+    if critic_model is not None:
+        save_scalar_model(critic_model, tokenizer, out_dir, info={"critic_version": version})
+        return
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        (tmp / CHECKPOINT_INFO).write_text(json.dumps(
+            {"kind": "none", "reason": f"advantage.estimator {estimator!r} trains no critic"}, sort_keys=True) + "\n")

@@ -16,20 +16,18 @@ On several GPUs (FSDP2; docs/distributed.md), the same arguments:
 import rlpipe.stage as stage  # first: starts the stage clock
 
 import dataclasses
-import json
 
 import typer
 
 from rlpipe.config import fine_points, load_params
-from rlpipe.io import CHECKPOINT_INFO, atomic_path, read_artifact, write_artifact
+from rlpipe.io import read_artifact, write_artifact
 from rlpipe.models import load_model, load_tokenizer, read_policy_version, save_checkpoint, setup_torch
 from rlpipe.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS, VALUES
-from rlpipe.critic import load_critic
+from rlpipe.critic import load_critic, save_critic
 from rlpipe.distributed import finish, start
 from rlpipe.engines.logprobs import compile_decoder_layers, enable_gradient_checkpointing
 from rlpipe.errors import ArtifactError
 from rlpipe.training.data import check_policy_version, training_data, training_frame
-from rlpipe.value_model import save_scalar_model
 from rlpipe.progress import stage_progress
 from rlpipe.training.loop import count_optimizer_steps, train_policy
 from rlpipe.training.resume import clear_state, load_state, resume_dir, resume_key, save_state
@@ -80,7 +78,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
             compile_decoder_layers(model)
         sharded = None
         if dist is not None:
-            from rlpipe.training.distributed import shard_for_training
+            from rlpipe.training.distributed import gathered_models, shard_for_training
 
             sharded = shard_for_training(model, dist, critic_model)
     with timer.phase("compute"):
@@ -106,7 +104,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         if writes:
             save_checkpoint(model, tokenizer, checkpoint, policy_version=p.iteration + 1)
             if critic_checkpoint:
-                write_critic(critic_model, tokenizer, critic_checkpoint, p.iteration + 1, p.advantage.estimator)
+                save_critic(critic_model, tokenizer, critic_checkpoint, version=p.iteration + 1,
+                            estimator=p.advantage.estimator)
             write_artifact(token_stats_frame(frame, result), token_stats, TRAIN_TOKEN_STATS,
                            metadata={"policy_version": p.iteration})
             write_steps_csv(steps, result.steps)
@@ -122,33 +121,6 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     stage.summary_line("train", steps=m["optimizer_steps"], sequences=m["trained_sequences"],
                        seconds=timer.report()["total"], clip_fraction=round(m["clip_fraction"], 4),
                        approx_kl=round(m["approx_kl_old"], 5))
-
-
-def gathered_models(sharded, policy_dir: str, critic_dir: str | None, *, seed: int):
-    """Rank 0: plain CPU copies of the trained policy and critic, from full state dicts gathered over
-    the ranks (a collective: every rank calls it); other ranks: (None, None)."""
-    policy_state, _ = sharded.state(sharded.policy)
-    critic_state = sharded.state(sharded.critic)[0] if sharded.critic is not None else None
-    if not sharded.dist.is_main:
-        return None, None
-    model = load_model(policy_dir, device="cpu", dtype="float32")
-    model.load_state_dict(policy_state)
-    critic_model = None
-    if critic_state is not None:
-        critic_model = load_critic(critic_dir, seed=seed, device="cpu")
-        critic_model.load_state_dict(critic_state)
-    return model, critic_model
-
-
-def write_critic(critic_model, tokenizer, out_dir: str, version: int, estimator: str) -> None:
-    """The trained critic, or (no critic) a directory whose rlpipe.json says why it holds no model."""
-    if critic_model is not None:
-        save_scalar_model(critic_model, tokenizer, out_dir, info={"critic_version": version})
-        return
-    with atomic_path(out_dir) as tmp:
-        tmp.mkdir(parents=True)
-        (tmp / CHECKPOINT_INFO).write_text(json.dumps(
-            {"kind": "none", "reason": f"advantage.estimator {estimator!r} trains no critic"}, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

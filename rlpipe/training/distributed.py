@@ -178,3 +178,22 @@ def shard_for_training(model: torch.nn.Module, dist: Dist, critic: torch.nn.Modu
     if critic is not None:
         _shard(critic, critic)
     return ShardedTraining(dist=dist, policy=model, root=root, critic=critic)
+
+
+def gathered_models(sharded, policy_dir: str, critic_dir: str | None, *, seed: int):
+    """Rank 0: plain CPU copies of the trained policy and critic, from full state dicts gathered over
+    the ranks (a collective: every rank calls it); other ranks: (None, None)."""
+    policy_state, _ = sharded.state(sharded.policy)
+    critic_state = sharded.state(sharded.critic)[0] if sharded.critic is not None else None
+    if not sharded.dist.is_main:
+        return None, None
+    from rlpipe.critic import load_critic
+    from rlpipe.models import load_model
+
+    model = load_model(policy_dir, device="cpu", dtype="float32")
+    model.load_state_dict(policy_state)
+    critic_model = None
+    if critic_state is not None:
+        critic_model = load_critic(critic_dir, seed=seed, device="cpu")
+        critic_model.load_state_dict(critic_state)
+    return model, critic_model
