@@ -66,7 +66,8 @@ def train_config(device: str, epochs: int) -> TrainConfig:
         token_mean_scope="minibatch", off_policy_mask_delta=None, tis_cap=None, target_kl=None,
         gradient_checkpointing=False, compile_layers=False,
         critic=CriticTrainConfig(lr=1e-5, value_coef=0.5, value_clip_eps=0.2, max_grad_norm=1.0),
-        loss_aggregation="seq-mean-token-mean", epochs=epochs, minibatch_size=32, micro_batch_size=4, lr=1e-6,
+        loss_aggregation="seq-mean-token-mean", epochs=epochs, minibatch_size=32, micro_batch_size=4,
+        max_tokens_per_micro_batch=0, lr=1e-6,
         weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0, entropy_coef=0.0, device=device,
         dtype="bfloat16", chunk_size=1024, max_skipped_steps=0, checkpoint_every_steps=0)
 

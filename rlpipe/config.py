@@ -229,6 +229,7 @@ class TrainConfig:
     epochs: int  # mu: passes over the iteration's rollouts
     minibatch_size: int  # sequences per optimizer step
     micro_batch_size: int  # sequences per forward/backward (gradient accumulation)
+    max_tokens_per_micro_batch: int  # also cap a micro-batch's prompt+completion tokens; 0 = sequence count only
     lr: float
     weight_decay: float
     adam_beta1: float
@@ -440,6 +441,7 @@ def _check_consistency(params: Params, path: Path) -> None:
     need(t.micro_batch_size >= 1 and t.minibatch_size >= t.micro_batch_size,
          "train.minibatch_size must be >= train.micro_batch_size >= 1")
     need(t.epochs >= 1, "train.epochs must be >= 1")
+    need(t.max_tokens_per_micro_batch >= 0, "train.max_tokens_per_micro_batch must be >= 0 (0 = no token cap)")
     need(t.eps_low >= 0 and t.eps_high >= 0, "train.eps_low and train.eps_high must be >= 0")
     need(t.dual_clip_c is None or t.dual_clip_c > 1, "train.dual_clip_c must be > 1 or null")
     need(0 <= params.score.max_error_fraction <= 1, "score.max_error_fraction must be in [0, 1]")

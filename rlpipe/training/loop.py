@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -39,18 +39,43 @@ class TrainResult:
     new_logprobs: list[np.ndarray]
 
 
+def cut_micro_batches(minibatch: Sequence[int], data: TrainingData, cfg: TrainConfig) -> list[Sequence[int]]:
+    """The minibatch, in its (shuffled) order, cut into forward/backward passes.
+
+    A micro-batch holds at most ``train.micro_batch_size`` sequences and, when
+    ``train.max_tokens_per_micro_batch`` > 0, at most that many prompt+completion tokens (a longer
+    sequence gets a micro-batch of its own). Why a token cap: with long-tailed completion lengths a
+    fixed sequence count either wastes memory on short batches or runs out of it on long ones. The
+    step's gradient does not depend on the cut (the loss normalisers are the step's; scope minibatch).
+    """
+    cap = cfg.max_tokens_per_micro_batch
+    out: list[list[int]] = []
+    tokens = 0
+    for i in minibatch:
+        n = len(data.prompt_token_ids[i]) + len(data.completion_token_ids[i])
+        if not out or len(out[-1]) == cfg.micro_batch_size or (cap and tokens + n > cap):
+            out.append([])
+            tokens = 0
+        out[-1].append(i)
+        tokens += n
+    return [np.asarray(m) if isinstance(minibatch, np.ndarray) else m for m in out]
+
+
 def _all_logprobs(model, data: TrainingData, cfg: TrainConfig, *, temperature: float, pad_token_id: int,
                   with_entropy: bool, dist=None):
     """No-grad log-probs of every sequence, in batches no larger than a training micro-batch."""
     longest = max((len(p) + len(c) for p, c in zip(data.prompt_token_ids, data.completion_token_ids)), default=1)
+    budget = cfg.micro_batch_size * longest
+    if cfg.max_tokens_per_micro_batch:
+        budget = max(min(budget, cfg.max_tokens_per_micro_batch), longest)
     with autocast(cfg):
         if dist is not None:
             return dist.all_logprobs(data.prompt_token_ids, data.completion_token_ids, temperature=temperature,
-                                     max_tokens_per_batch=cfg.micro_batch_size * longest, chunk_size=cfg.chunk_size,
+                                     max_tokens_per_batch=budget, chunk_size=cfg.chunk_size,
                                      with_entropy=with_entropy)
         return batched_completion_logprobs(
             model, data.prompt_token_ids, data.completion_token_ids, pad_token_id=pad_token_id,
-            temperature=temperature, max_tokens_per_batch=cfg.micro_batch_size * longest, chunk_size=cfg.chunk_size,
+            temperature=temperature, max_tokens_per_batch=budget, chunk_size=cfg.chunk_size,
             with_entropy=with_entropy, device=cfg.device)
 
 
@@ -213,7 +238,7 @@ def _optimizer_step(model, critic, optimizers, data, minibatch, cfg, *, temperat
     lengths = [len(data.completion_token_ids[i]) for i in minibatch]
     step_tokens = int(sum(lengths))
     step_sequences = int(sum(1 for n in lengths if n > 0))
-    micro_batches = [minibatch[m0:m0 + cfg.micro_batch_size] for m0 in range(0, len(minibatch), cfg.micro_batch_size)]
+    micro_batches = cut_micro_batches(minibatch, data, cfg)
 
     def norm_for(mask_BC) -> Normalisers:
         tokens, sequences, scale = loss_normalisers(mask_BC, scope=cfg.token_mean_scope, step_tokens=step_tokens,

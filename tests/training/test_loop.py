@@ -24,7 +24,8 @@ def tiny_model(seed=0):
 
 def config(**over):
     base = dict(policy_loss="ppo_clip", eps_low=0.2, eps_high=0.2, dual_clip_c=None, kl_beta=0.05, kl_estimator="k3",
-                loss_aggregation="seq-mean-token-mean", epochs=1, minibatch_size=8, micro_batch_size=8, lr=1e-2,
+                loss_aggregation="seq-mean-token-mean", epochs=1, minibatch_size=8, micro_batch_size=8,
+                max_tokens_per_micro_batch=0, lr=1e-2,
                 weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1e9, entropy_coef=0.01,
                 device="cpu", dtype="float32", chunk_size=3, max_skipped_steps=0,
                 checkpoint_every_steps=0, gspo_form="sequence", kl_importance_weighted=False,
@@ -213,3 +214,28 @@ def test_sampler_mismatch_by_hand():
     # |diffs| = 0.1, 0.0, 0.3 -> mean 0.1333, max 0.3
     assert sampler_mismatch(frame, old) == pytest.approx({"sampler_mismatch_mean_abs": 0.4 / 3,
                                                           "sampler_mismatch_max_abs": 0.3})
+
+
+def test_micro_batches_are_cut_by_count_and_token_cap():
+    from rlpipe.training.loop import cut_micro_batches
+
+    d = data()
+    sizes = [len(p) + len(c) for p, c in zip(d.prompt_token_ids, d.completion_token_ids)]
+    order = [3, 0, 7, 1, 5, 2, 6, 4]
+    assert cut_micro_batches(order, d, config(micro_batch_size=3)) == [[3, 0, 7], [1, 5, 2], [6, 4]]
+    cap = sizes[3] + sizes[0]  # the first two fit exactly; the third opens a new micro-batch
+    cut = cut_micro_batches(order, d, config(micro_batch_size=8, max_tokens_per_micro_batch=cap))
+    assert cut[0] == [3, 0]
+    assert [i for m in cut for i in m] == order  # order kept, nothing lost
+    assert all(sum(sizes[i] for i in m) <= cap or len(m) == 1 for m in cut)
+    # a cap below one sequence's length gives it a micro-batch of its own
+    assert cut_micro_batches(order, d, config(micro_batch_size=8, max_tokens_per_micro_batch=1)) == [[i] for i in order]
+
+
+def test_a_token_cap_does_not_change_the_trained_step():
+    """Token-capped micro-batches give the step of one big micro-batch (the normalisers are the step's)."""
+    whole, r1 = trained(config(), data())
+    capped, r2 = trained(config(max_tokens_per_micro_batch=12), data())
+    assert r1.steps[0]["grad_norm"] == pytest.approx(r2.steps[0]["grad_norm"], rel=1e-5)
+    moved = (flat(whole) - flat(tiny_model(0))).abs()
+    assert (flat(whole) - flat(capped)).abs()[moved > 1e-3].max() < 1e-5
