@@ -7,7 +7,8 @@ A random-weight Qwen2.5-0.5B-shaped model (hidden 896, 24 layers, 14 heads / 2 K
 intermediate 4864, vocab 151936, tied embeddings; `--tiny` for a small one to try the script on
 CPU), float32 weights, bf16 autocast, fused AdamW. Synthetic iteration: 128 sequences of a
 64-token prompt and a 128-1024-token completion, random token ids, a random advantage per
-sequence; minibatch 32 (one optimizer step), micro-batch 4, two epochs: 8 steps. Both runs go
+sequence; minibatch 32 (one optimizer step), micro-batch 4 (packed), two epochs: 8 steps
+(`--minibatch`, `--micro-batch`, `--sequences` change them). Both runs go
 through rlpipe.training.loop.train_policy (the torchrun one with dist=ShardedTraining), so they
 share every line but the sharding. Throughput counts the prompt+completion tokens of the last
 epoch's steps (the first compiles the fused LM-head kernels, again for each new chunk shape
@@ -59,14 +60,14 @@ def synthetic(vocab: int, n: int, *, tiny: bool) -> TrainingData:
                         trainable=np.ones(n, dtype=bool))
 
 
-def train_config(device: str, epochs: int) -> TrainConfig:
+def train_config(device: str, epochs: int, minibatch: int = 32, micro_batch: int = 4) -> TrainConfig:
     return TrainConfig(
         policy_loss="ppo_clip", eps_low=0.2, eps_high=0.28, dual_clip_c=None, gspo_form="sequence", kl_beta=0.0,
         kl_estimator="k3", kl_importance_weighted=False, kl_log_ratio_clamp=20.0, kl_value_clamp=10.0,
         token_mean_scope="minibatch", off_policy_mask_delta=None, tis_cap=None, target_kl=None,
         gradient_checkpointing=False, compile_layers=False,
         critic=CriticTrainConfig(lr=1e-5, value_coef=0.5, value_clip_eps=0.2, max_grad_norm=1.0),
-        loss_aggregation="seq-mean-token-mean", epochs=epochs, minibatch_size=32, micro_batch_size=4,
+        loss_aggregation="seq-mean-token-mean", epochs=epochs, minibatch_size=minibatch, micro_batch_size=micro_batch,
         max_tokens_per_micro_batch=0, lr=1e-6,
         weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0, entropy_coef=0.0, device=device,
         dtype="bfloat16", chunk_size=1024, max_skipped_steps=0, checkpoint_every_steps=0)
@@ -80,13 +81,15 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--sequences", type=int, default=128)
     parser.add_argument("--epochs", type=int, default=2, help="throughput is timed over the last epoch")
+    parser.add_argument("--minibatch", type=int, default=32, help="sequences per optimizer step")
+    parser.add_argument("--micro-batch", type=int, default=4, help="sequences per forward (packed)")
     args = parser.parse_args()
 
     dist = start(args.device)
     device = args.device
     model = build_model(TINY if args.tiny else QWEN_05B, device)
     data = synthetic(model.config.vocab_size, args.sequences, tiny=args.tiny)
-    cfg = train_config(device, args.epochs)
+    cfg = train_config(device, args.epochs, args.minibatch, args.micro_batch)
     sharded = None
     if dist is not None:
         from rlpipe.training.distributed import shard_for_training
