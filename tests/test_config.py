@@ -262,6 +262,13 @@ def test_non_nullable_value_rejects_null(tmp_path, data):
         ("train", "checkpoint_every_steps", -1, "train.checkpoint_every_steps must be >= 0"),
         ("reference", "refresh_every", -1, "reference.refresh_every must be >= 0"),
         ("iterate", "keep_checkpoints", -1, "iterate.keep_checkpoints must be >= 0"),
+        ("train", "max_tokens_per_micro_batch", -1, "train.max_tokens_per_micro_batch must be >= 0"),
+        ("train", "tis_cap", 0.0, "train.tis_cap must be > 0 or null"),
+        ("train", "target_kl", -0.1, "train.target_kl must be > 0 or null"),
+        ("advantage", "gamma", 1.5, "advantage.gamma and advantage.lam must be in [0, 1]"),
+        ("advantage", "lam", -0.1, "advantage.gamma and advantage.lam must be in [0, 1]"),
+        ("reward_model", "epochs", 0, "reward_model.epochs and reward_model.batch_size must be >= 1"),
+        ("reward_model", "eval_fraction", 1.0, "reward_model.eval_fraction must be in [0, 1)"),
     ],
 )
 def test_cross_key_rules(tmp_path, data, section, key, value, expected):
@@ -329,3 +336,20 @@ def test_unknown_profile_lists_the_valid_ones(tmp_path, data):
     data["profile"] = "deepspeed"
     msg = config_error(dump(tmp_path, data))
     assert "profile" in msg and "deepspeed" in msg and "verl" in msg and "openrlhf" in msg
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("beta", -0.1, "advantage.kl_in_reward.beta must be >= 0"),
+    ("target", 0.0, "advantage.kl_in_reward.target and .horizon must be > 0"),
+    ("horizon", 0, "advantage.kl_in_reward.target and .horizon must be > 0"),
+])
+def test_kl_in_reward_rules(tmp_path, data, key, value, expected):
+    data["advantage"]["kl_in_reward"][key] = value
+    path = dump(tmp_path, data)
+    assert config_error(path).startswith(f"{path}: {expected}")
+
+
+def test_critic_rules(tmp_path, data):
+    data["train"]["critic"]["value_clip_eps"] = 0.0
+    path = dump(tmp_path, data)
+    assert config_error(path).startswith(f"{path}: train.critic.value_clip_eps and train.critic.lr must be > 0")
