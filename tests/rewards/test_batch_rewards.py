@@ -3,7 +3,6 @@ import subprocess
 import sys
 import textwrap
 
-import polars as pl
 import pytest
 
 from rlpipe.config import RewardEntry, ScoreConfig
@@ -12,6 +11,7 @@ from rlpipe.rewards import REWARD_FUNCTIONS, is_batch_reward
 from rlpipe.rewards.functions import Sample
 from rlpipe.rewards.registry import RewardSpec, batch_values, prepare_rewards, score_sample_details
 from rlpipe.scoring import score_rows
+from tests.test_scoring import rows  # the same score-stage rows
 
 USER_MODULE = '''
 from rlpipe.rewards import batch_reward
@@ -57,15 +57,6 @@ def user_batch(tmp_path, monkeypatch):
 def cfg(*entries, workers=1, max_error_fraction=0.5):
     return ScoreConfig(rewards=(EXACT, *entries), accuracy_reward="exact_answer", fallback_reward=-1.0,
                        max_error_fraction=max_error_fraction, workers=workers, row_timeout_s=None)
-
-
-def rows(completions, answers):
-    n = len(completions)
-    return pl.DataFrame({
-        "prompt_id": list(range(n)), "sample_idx": pl.Series([0] * n, dtype=pl.Int32),
-        "prompt": ["q"] * n, "completion_text": completions, "answer": answers, "metadata": ["{}"] * n,
-        "completion_length": pl.Series([len(c) for c in completions], dtype=pl.Int32), "truncated": [False] * n,
-    })
 
 
 def test_reward_model_is_the_builtin_batch_reward():
