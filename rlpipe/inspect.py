@@ -137,7 +137,7 @@ def joined_frame(loaded: Loaded) -> tuple[pl.DataFrame, list[str]]:
                             f"{base_version}: stale? run `dvc repro`")
         columns = [c for c in art.frame.columns if c not in frame.columns]
         try:
-            frame = join_on_keys(Artifact(frame=frame, metadata=base.metadata, path=base.path), art, columns=columns)
+            frame = join_on_keys(base.with_frame(frame), art, columns=columns)
         except ArtifactError as e:
             warnings.append(f"{role} not joined: {e}")
     prompts = loaded.artifacts.get("prompts")

@@ -32,6 +32,10 @@ class Artifact:
     metadata: dict[str, Any]
     path: Path
 
+    def with_frame(self, frame: pl.DataFrame) -> "Artifact":
+        """The same artifact (footer, path) over another frame, e.g. one already joined with a second table."""
+        return Artifact(frame=frame, metadata=self.metadata, path=self.path)
+
 
 # ----------------------------------------------------------------------------------------------
 # Atomic file system helpers

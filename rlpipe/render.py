@@ -20,6 +20,19 @@ MAX_BLEND = 0.85  # the strongest colour stays light enough for black text
 # Colour scale
 # ----------------------------------------------------------------------------------------------
 
+
+def _label_table(title: str, value_column: str, lines) -> Any:
+    """A headerless two-column rich table of (label, value) lines (rich loads only when drawing)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, title_justify="left", show_header=False)
+    table.add_column("what", style="cyan")
+    table.add_column(value_column)
+    for label, value in lines:
+        table.add_row(Text(label), Text(value))
+    return table
+
 def color_scale(records: list[dict[str, Any]], column: str | None) -> dict[str, Any] | None:
     """The range the colours of ``column`` span over the shown rows (so they compare within one view)."""
     if column is None:
@@ -202,12 +215,7 @@ def print_inspect(console: Any, data: dict[str, Any]) -> None:
         console.print(Text(f"not found: {role} ({path})", style="dim"))
     for w in summary.get("warnings", []):
         console.print(Text(f"warning: {w}", style="yellow"))
-    stats = Table(title="statistics", title_justify="left", show_header=False)
-    stats.add_column("what", style="cyan")
-    stats.add_column("value")
-    for label, value in summary_lines(summary):
-        stats.add_row(Text(label), Text(value))
-    console.print(stats)
+    console.print(_label_table("statistics", "value", summary_lines(summary)))
     if data["rows"]:
         _print_rows(console, data)
 
@@ -370,12 +378,7 @@ def print_diff(console: Any, data: dict[str, Any]) -> None:
     if flips is None:
         console.print(Text("no per-prompt flips: the eval rollouts of one side are not available", style="dim"))
         return
-    ft = Table(title="held-out prompts (greedy eval rollouts)", title_justify="left", show_header=False)
-    ft.add_column("what", style="cyan")
-    ft.add_column("count")
-    for label, value in flip_lines(flips):
-        ft.add_row(Text(label), Text(value))
-    console.print(ft)
+    console.print(_label_table("held-out prompts (greedy eval rollouts)", "count", flip_lines(flips)))
     for key, title in (("examples_wrong_to_right", "wrong -> right"), ("examples_right_to_wrong", "right -> wrong")):
         if flips[key]:
             ex = Table(title=title, title_justify="left")

@@ -11,10 +11,10 @@ import rlpipe.stage as stage  # first: starts the stage clock
 
 import typer
 
-from rlpipe.advantage import check_finite_rewards, compute_advantages
+from rlpipe.advantage import check_finite_rewards, compute_advantages, require_critic_values
 from rlpipe.config import load_params
 from rlpipe.errors import ArtifactError
-from rlpipe.io import Artifact, join_on_keys, read_artifact, write_artifact, write_json
+from rlpipe.io import join_on_keys, read_artifact, write_artifact, write_json
 from rlpipe.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, VALUES
 
 app = typer.Typer(add_completion=False)
@@ -39,17 +39,13 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         check_finite_rewards(rows, scores)
         wanted = ["prompt_id", "sample_idx", "reward", "completion_length", "truncated"]
         if cfg.uses_token_rewards:
-            rows = join_on_keys(Artifact(frame=rows, metadata=roll.metadata, path=roll.path),
+            rows = join_on_keys(roll.with_frame(rows),
                                 read_artifact(_need(ref_logprobs, "--ref-logprobs", cfg.estimator), REF_LOGPROBS),
                                 columns=["ref_logprobs"])
             wanted += ["sampler_logprobs", "ref_logprobs"]
         if cfg.needs_critic:
-            table = read_artifact(_need(values, "--values", cfg.estimator), VALUES)
-            if table.metadata.get("critic") is None:
-                raise ArtifactError(f"{values}: holds no critic values (written for estimator "
-                                    f"{table.metadata.get('estimator')!r}); re-run the values stage for gae")
-            rows = join_on_keys(Artifact(frame=rows, metadata=roll.metadata, path=roll.path), table,
-                                columns=["values"])
+            table = require_critic_values(read_artifact(_need(values, "--values", cfg.estimator), VALUES))
+            rows = join_on_keys(roll.with_frame(rows), table, columns=["values"])
             wanted += ["values"]
     with timer.phase("compute"):
         adv, m, kl_state = compute_advantages(rows.select(wanted), cfg)

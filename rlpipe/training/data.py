@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from rlpipe.advantage import require_critic_values
 from rlpipe.errors import ArtifactError
 from rlpipe.io import Artifact, join_on_keys
 from rlpipe.training.objective import TrainingData
@@ -24,16 +25,12 @@ def training_frame(rollouts: Artifact, advantages: Artifact, ref_logprobs: Artif
                    values: Artifact | None = None) -> pl.DataFrame:
     """Rollouts joined with advantages and reference log-probs (and, for gae, the critic's values)."""
     def extend(frame: pl.DataFrame, right: Artifact, columns: list[str]) -> pl.DataFrame:
-        return join_on_keys(Artifact(frame=frame, metadata=rollouts.metadata, path=rollouts.path), right,
-                            columns=columns)
+        return join_on_keys(rollouts.with_frame(frame), right, columns=columns)
 
     frame = extend(rollouts.frame, advantages, ["advantage", "token_advantages", "returns", "filtered_reason"])
     frame = extend(frame, ref_logprobs, ["ref_logprobs"])
     if values is not None:
-        if values.metadata.get("critic") is None:
-            raise ArtifactError(f"{values.path}: holds no critic values (written for estimator "
-                                f"{values.metadata.get('estimator')!r}); re-run the values stage for gae")
-        frame = extend(frame, values, ["values"])
+        frame = extend(frame, require_critic_values(values), ["values"])
         missing = frame.filter(pl.col("returns").is_null())
         if missing.height:
             raise ArtifactError(f"{advantages.path}: column 'returns' is null for {missing.height} row(s); "
