@@ -39,6 +39,7 @@ The numbers in BENCHMARKS.md came from (one H200 each, 2026-11-26):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -63,6 +64,11 @@ from rlpipe.engines.logprobs import (  # noqa: E402
     make_token_batch,
     token_budget_batches,
 )
+from rlpipe.training.loop import _optimizer_step, cut_micro_batches  # noqa: E402
+from rlpipe.training.objective import TrainingData  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fsdp_check import train_config  # noqa: E402
 
 PEAK_TFLOPS = 989.0  # bf16 dense, H100 SXM / H200 datasheet
 SHAPES = {
@@ -188,6 +194,34 @@ def train_rlpipe(model, prompts, completions, *, budget, chunk, optimizer):
     return len(batches)
 
 
+def loop_data(prompts, completions, seed: int = 0) -> TrainingData:
+    """What the train stage feeds its loop: a random advantage per sequence, reference = old = sampler log-probs."""
+    rng = np.random.default_rng(seed)
+    adv = rng.normal(size=len(prompts)).astype(np.float32)
+    ref = [rng.normal(-11.0, 0.5, size=len(c)).astype(np.float32) for c in completions]
+    data = TrainingData(prompts, completions, [np.full(len(c), a, dtype=np.float32) for c, a in zip(completions, adv)],
+                        ref, sampler_logprobs=ref, sequence_advantages=adv, trainable=np.ones(len(prompts), dtype=bool))
+    data.old_logprobs = ref
+    return data
+
+
+def train_loop(model, prompts, completions, *, budget, chunk, optimizer, data):
+    """One optimizer step of the train stage's own loop, `rlpipe.training.loop._optimizer_step`.
+
+    The GRPO/PPO clipped objective, the k3 KL to the reference (beta 0.001), the health statistics,
+    bf16 autocast, gradient clipping and fused AdamW; micro-batches cut from the shuffled minibatch
+    by `train.max_tokens_per_micro_batch` = the budget (not length-sorted as in "rlpipe").
+    """
+    n = len(prompts)
+    cfg = dataclasses.replace(train_config(DEVICE, epochs=1, minibatch=n, micro_batch=n), kl_beta=0.001,
+                              max_tokens_per_micro_batch=budget, chunk_size=chunk)
+    order = np.random.default_rng(0).permutation(n)
+    record = _optimizer_step(model, None, (optimizer, None), data, order, cfg, temperature=1.0, pad_token_id=0,
+                             max_length=max(len(c) for c in completions), step=0, epoch=0)
+    assert record is not None and math.isfinite(record["loss"]), record
+    return len(cut_micro_batches(order, data, cfg))
+
+
 def train_naive(model, prompts, completions, *, budget, chunk, optimizer):
     batches = naive_batches([len(p) + len(c) for p, c in zip(prompts, completions)], budget)
     n_completion = sum(len(c) for c in completions)
@@ -224,6 +258,9 @@ def compiled_rows(shape: str, args, rows: list) -> None:
         r = measure(train_rlpipe, model, *data, train=True, repeats=args.repeats, **kw)
         rows.append((shape, "train", setting, "rlpipe compiled layers", kw["budget"], r))
         print(shape, "train", setting, "rlpipe compiled layers", r, flush=True)
+        r = measure(train_loop, model, *data, train=True, repeats=args.repeats, data=loop_data(*data), **kw)
+        rows.append((shape, "train", setting, "rlpipe train loop, compiled layers", kw["budget"], r))
+        print(shape, "train", setting, "rlpipe train loop, compiled layers", r, flush=True)
     del optimizer
     model = model.to(torch.bfloat16)
     model.zero_grad(set_to_none=True)
@@ -354,9 +391,15 @@ def profile(shape: str, tokens: int, args) -> None:
 
     data = make_data("spread", tokens, seed=3)
     model = build_model(shape, torch.float32)
+    if args.profile_compiled:
+        lp.compile_decoder_layers(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-7, fused=True)
     cases = [("train rlpipe", train_rlpipe, dict(budget=args.train_budget, chunk=args.chunk, optimizer=optimizer)),
+             ("train loop", train_loop, dict(budget=args.train_budget, chunk=args.chunk, optimizer=optimizer,
+                                             data=loop_data(*data))),
              ("train naive", train_naive, dict(budget=args.naive_train_budget, chunk=args.chunk, optimizer=optimizer))]
+    if args.profile_compiled:
+        cases.pop()  # the naive path does not use the compiled layers' packed attention
     for name, fn, kw in cases + [("reference rlpipe", ref_rlpipe, dict(budget=args.ref_budget, chunk=args.chunk))]:
         if name.startswith("reference"):
             del optimizer
@@ -370,8 +413,9 @@ def profile(shape: str, tokens: int, args) -> None:
         wall = time.perf_counter() - start
         events = prof.key_averages()
         gpu = sum(e.self_device_time_total for e in events) / 1e6
-        print(f"\n{shape} {name}: wall {wall:.3f} s (profiled), GPU kernels {gpu:.3f} s")
-        print(events.table(sort_by="self_device_time_total", row_limit=18, max_name_column_width=70))
+        print(f"\n{shape} {name}{' (compiled layers)' if args.profile_compiled else ''}: wall {wall:.3f} s (profiled), "
+              f"GPU kernels {gpu:.3f} s ({100 * gpu / wall:.0f}% busy)")
+        print(events.table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=70))
     del model
 
 
@@ -412,6 +456,7 @@ def main() -> None:
     ap.add_argument("--compiled-settings", default="uniform-2048,spread")
     ap.add_argument("--only-compiled", action="store_true", help="only the compiled rows (and their naive rows: none)")
     ap.add_argument("--profile", action="store_true", help="print the top CUDA kernels of each path, then stop")
+    ap.add_argument("--profile-compiled", action="store_true", help="--profile with compile_decoder_layers")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shape and vocab: exercise the code paths only")
     args = ap.parse_args()
     import transformers
@@ -425,7 +470,7 @@ def main() -> None:
         args.ref_budget = args.train_budget = args.naive_ref_budget = args.naive_train_budget = 4500
         args.repeats = 1
 
-    if args.profile:
+    if args.profile or args.profile_compiled:
         for shape in args.models.split(","):
             profile(shape, args.train_tokens, args)
         return
@@ -460,6 +505,8 @@ def main() -> None:
                           dict(budget=args.naive_train_budget, chunk=args.chunk, optimizer=optimizer)))
             plans.append(("train", setting, "rlpipe", train_rlpipe, data,
                           dict(budget=args.train_budget, chunk=args.chunk, optimizer=optimizer)))
+            plans.append(("train", setting, "rlpipe train loop", train_loop, data,
+                          dict(budget=args.train_budget, chunk=args.chunk, optimizer=optimizer, data=loop_data(*data))))
         for workload, setting, path, fn, data, kw in plans:
             r = measure(fn, model, *data, train=True, repeats=args.repeats, **kw)
             rows.append((shape, workload, setting, path, kw["budget"], r))

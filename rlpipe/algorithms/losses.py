@@ -253,7 +253,38 @@ def truncated_importance_weights(old_logprobs_BT, sampler_logprobs_BT, mask_BT, 
     return torch.where(m, w, 0.0)
 
 
+def masked_mean(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """Mean of x over the True positions of the bool mask, 0 for an empty mask; a 0-dim float32 tensor.
+
+    Why not `x[mask].mean()`: boolean indexing has to read the count back to the host (a GPU sync);
+    this stays on the device.
+    """
+    return torch.where(mask_BT, x_BT.float(), 0.0).sum() / mask_BT.sum().clamp_min(1)
+
+
 @torch.no_grad()
+def policy_health_tensors(logprobs_BT, old_logprobs_BT, mask_BT, stats) -> dict[str, torch.Tensor]:
+    """`policy_health_metrics` as 0-dim tensors on the inputs' device: no host sync.
+
+    Why: a training loop computes these for every micro-batch; reading each number back would stall
+    the GPU that often. It keeps the tensors and reads them all at once with `health_to_host`.
+    """
+    m = _mask(mask_BT, logprobs_BT.shape)
+    n = m.sum()
+    k3 = kl_k3(_valid(old_logprobs_BT, m, "old_logprobs_BT"), _valid(logprobs_BT, m, "logprobs_BT"))
+    ratio = stats["ratio_BT"].float()
+    extreme = lambda fill, reduce: torch.where(n > 0, reduce(torch.where(m, ratio, fill)), 0.0)  # noqa: E731
+    return {
+        "approx_kl": masked_mean(k3, m),
+        "clip_fraction": masked_mean(stats["clipped_BT"], m),
+        "dual_clip_fraction": masked_mean(stats["dual_clipped_BT"], m),
+        "ratio_mean": masked_mean(ratio, m),
+        "ratio_min": extreme(float("inf"), torch.amin),
+        "ratio_max": extreme(float("-inf"), torch.amax),
+        "num_valid_tokens": n,
+    }
+
+
 def policy_health_metrics(logprobs_BT, old_logprobs_BT, mask_BT, stats) -> dict[str, float]:
     """Health signals over the valid tokens of one (micro-)batch, as python floats.
 
@@ -262,22 +293,21 @@ def policy_health_metrics(logprobs_BT, old_logprobs_BT, mask_BT, stats) -> dict[
     dual_clip_fraction, ratio_mean/min/max (from `stats["ratio_BT"]`), num_valid_tokens (to
     combine micro-batches as a token-weighted mean). An empty mask gives 0s, not NaN.
     """
-    m = _mask(mask_BT, logprobs_BT.shape)
-    n = int(m.sum())
-    if n == 0:
-        keys = ("approx_kl", "clip_fraction", "dual_clip_fraction", "ratio_mean", "ratio_min", "ratio_max")
-        return {**{k: 0.0 for k in keys}, "num_valid_tokens": 0}
-    k3 = kl_k3(_valid(old_logprobs_BT, m, "old_logprobs_BT"), _valid(logprobs_BT, m, "logprobs_BT"))
-    ratio = stats["ratio_BT"][m]
-    return {
-        "approx_kl": float(k3[m].mean()),
-        "clip_fraction": float(stats["clipped_BT"][m].float().mean()),
-        "dual_clip_fraction": float(stats["dual_clipped_BT"][m].float().mean()),
-        "ratio_mean": float(ratio.mean()),
-        "ratio_min": float(ratio.min()),
-        "ratio_max": float(ratio.max()),
-        "num_valid_tokens": n,
-    }
+    return health_to_host([policy_health_tensors(logprobs_BT, old_logprobs_BT, mask_BT, stats)])[0]
+
+
+def health_to_host(parts: list[dict[str, torch.Tensor | float]]) -> list[dict[str, float]]:
+    """Every 0-dim tensor in `parts` as a python number, read back in one device-to-host transfer.
+
+    Values are exact: float32 and integer counts pass through float64 unchanged. `num_valid_tokens`
+    comes back as an int.
+    """
+    where = [(i, key) for i, part in enumerate(parts) for key, v in part.items() if isinstance(v, torch.Tensor)]
+    values = torch.stack([parts[i][key].detach().to(torch.float64) for i, key in where]).tolist() if where else []
+    out = [dict(part) for part in parts]
+    for (i, key), value in zip(where, values):
+        out[i][key] = int(value) if key == "num_valid_tokens" else value
+    return out
 
 
 def bradley_terry_loss(chosen_scores_B: torch.Tensor, rejected_scores_B: torch.Tensor) -> torch.Tensor:

@@ -66,7 +66,7 @@ from rlpipe.engines.packed_attention import (PACKED_ATTENTION, _attention_config
                                              _register_packed_attention)
 
 
-def _to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """Host -> GPU through pinned memory, asynchronously: a pageable copy would wait for the GPU to go idle."""
     if torch.device(device).type == "cuda" and tensor.device.type == "cpu":
         return tensor.pin_memory().to(device, non_blocking=True)
@@ -92,9 +92,9 @@ class TokenBatch:
 
     def to(self, device: torch.device | str) -> TokenBatch:
         return TokenBatch(
-            input_ids_BT=_to_device(self.input_ids_BT, device),
-            attention_mask_BT=_to_device(self.attention_mask_BT, device),
-            completion_mask_BT=_to_device(self.completion_mask_BT, device),
+            input_ids_BT=to_device(self.input_ids_BT, device),
+            attention_mask_BT=to_device(self.attention_mask_BT, device),
+            completion_mask_BT=to_device(self.completion_mask_BT, device),
             prompt_lengths=list(self.prompt_lengths),
             completion_lengths=list(self.completion_lengths),
         )
@@ -123,9 +123,9 @@ class PackedBatch:
 
     def to(self, device: torch.device | str) -> PackedBatch:
         return PackedBatch(
-            input_ids_1T=_to_device(self.input_ids_1T, device),
-            position_ids_1T=_to_device(self.position_ids_1T, device),
-            cu_seqlens=_to_device(self.cu_seqlens, device),
+            input_ids_1T=to_device(self.input_ids_1T, device),
+            position_ids_1T=to_device(self.position_ids_1T, device),
+            cu_seqlens=to_device(self.cu_seqlens, device),
             prompt_lengths=list(self.prompt_lengths),
             completion_lengths=list(self.completion_lengths),
         )
@@ -245,7 +245,7 @@ def _packed_targets(batch: PackedBatch) -> tuple[np.ndarray, np.ndarray, np.ndar
 def _packed_body(model, batch: PackedBatch) -> tuple[torch.Tensor, ...]:
     """hidden_NH, target_N, row_N, col_N for the N completion tokens of a packed batch."""
     device = batch.input_ids_1T.device
-    pred_N, row_N, col_N = (_to_device(torch.from_numpy(a), device) for a in _packed_targets(batch))
+    pred_N, row_N, col_N = (to_device(torch.from_numpy(a), device) for a in _packed_targets(batch))
     _register_packed_attention()
     with _attention_implementation(_attention_configs(model), PACKED_ATTENTION):
         hidden_1TH = _final_hidden(

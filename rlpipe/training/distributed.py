@@ -74,11 +74,22 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
-def _shard(root: torch.nn.Module, body: torch.nn.Module) -> None:
+def _mesh(model: torch.nn.Module, dist: Dist):
+    """The 1-D device mesh of all ranks, on the device type the weights live on.
+
+    Why explicit: without a mesh fully_shard builds one on CUDA whenever CUDA is available, so CPU
+    (gloo) ranks on a GPU host would start an NCCL group on one shared GPU and hang.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(next(model.parameters()).device.type, (dist.world_size,))
+
+
+def _shard(root: torch.nn.Module, body: torch.nn.Module, mesh) -> None:
     """fully_shard each decoder layer of ``body``, then ``root``; gradients summed over ranks, not averaged."""
     for layer in _decoder_layers(body):
-        fully_shard(layer)
-    fully_shard(root)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(root, mesh=mesh)
     for module in root.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
@@ -174,9 +185,10 @@ def shard_for_training(model: torch.nn.Module, dist: Dist, critic: torch.nn.Modu
     Weights stay float32; train.dtype bfloat16 runs the forward under autocast, as in one process.
     """
     root = PolicyForward(model)
-    _shard(root, model)
+    mesh = _mesh(model, dist)
+    _shard(root, model, mesh)
     if critic is not None:
-        _shard(critic, critic)
+        _shard(critic, critic, mesh)
     return ShardedTraining(dist=dist, policy=model, root=root, critic=critic)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from rlpipe.algorithms.aggregation import loss_normalisers
+from rlpipe.algorithms.losses import health_to_host
 from rlpipe.config import TrainConfig
 from rlpipe.engines.base import derive_seed
 from rlpipe.engines.logprobs import batched_completion_logprobs
@@ -231,9 +232,11 @@ def _optimizer_step(model, critic, optimizers, data, minibatch, cfg, *, temperat
                     step, epoch, dist=None):
     """One optimizer step over ``minibatch``; None (and no update) if a loss or a gradient norm is not finite.
 
-    With ``dist`` each rank runs its share of the micro-batches (a zero-weighted pass where it has
-    one fewer), backward even on a non-finite loss (FSDP's reduce-scatters must stay in step), and
-    the skip decision is taken on every micro-batch's loss, gathered from all ranks.
+    Every micro-batch runs backward, even on a non-finite loss: losses and health statistics stay
+    on the device and are read back once, after the last micro-batch (one GPU sync per step, not
+    per micro-batch), and then the skip decision is taken. With ``dist`` each rank runs its share
+    of the micro-batches (a zero-weighted pass where it has one fewer; FSDP's reduce-scatters must
+    stay in step) and the decision is taken on every micro-batch's loss, gathered from all ranks.
     """
     lengths = [len(data.completion_token_ids[i]) for i in minibatch]
     step_tokens = int(sum(lengths))
@@ -259,17 +262,15 @@ def _optimizer_step(model, critic, optimizers, data, minibatch, cfg, *, temperat
         if idx is None:  # dist: this rank has one micro-batch fewer; the pass only keeps collectives in step
             (loss * 0.0).backward()
             continue
-        if dist is None and not torch.isfinite(loss):
-            drop()
-            return None
-        loss.backward()
-        losses.append(float(loss.detach()))
-        parts.append(health)
+        loss.backward()  # a non-finite loss is caught below, once per step: checking here would sync the GPU
+        parts.append({**health, "micro_batch_loss": loss.detach()})
+    parts = health_to_host(parts)
+    losses = [part.pop("micro_batch_loss") for part in parts]
     if dist is not None:
         losses, parts = map(list, zip(*dist.in_order(list(zip(losses, parts)))))
-        if not all(math.isfinite(x) for x in losses):
-            drop()
-            return None
+    if not all(math.isfinite(x) for x in losses):
+        drop()
+        return None
     loss_sum = sum(losses)
     clip = torch.nn.utils.clip_grad_norm_ if dist is None else dist.clip_grad_norm_
     grad_norm = float(clip(model.parameters(), cfg.max_grad_norm))

@@ -18,17 +18,17 @@ changes how much the other sequences weigh, and micro-batch invariance holds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from rlpipe.algorithms.aggregation import aggregate_loss
 from rlpipe.algorithms.kl import get_kl_estimator, importance_weighted_kl
-from rlpipe.algorithms.losses import (get_policy_loss, off_policy_sequence_mask, policy_health_metrics,
+from rlpipe.algorithms.losses import (get_policy_loss, masked_mean, off_policy_sequence_mask, policy_health_tensors,
                                       truncated_importance_weights, value_loss)
 from rlpipe.config import TrainConfig
-from rlpipe.engines.logprobs import completion_logprobs, make_packed_batch, make_token_batch
+from rlpipe.engines.logprobs import completion_logprobs, make_packed_batch, make_token_batch, to_device
 
 
 @dataclass
@@ -58,11 +58,15 @@ class Normalisers:
 
 
 def pad_rows(rows: Sequence[np.ndarray], width: int, device: torch.device | str) -> torch.Tensor:
-    """Right-pad ragged float rows into a [B, width] float32 tensor (zeros beyond each row)."""
+    """Right-pad ragged float rows into a [B, width] float32 tensor (zeros beyond each row).
+
+    Built on the host and copied through pinned memory (`to_device`): a plain copy would make the
+    CPU wait for the GPU to finish everything queued before it.
+    """
     out = torch.zeros(len(rows), width, dtype=torch.float32)
     for i, r in enumerate(rows):
         out[i, : len(r)] = torch.as_tensor(np.asarray(r, dtype=np.float32))
-    return out.to(device)
+    return to_device(out, device)
 
 
 def autocast(cfg: TrainConfig):
@@ -79,8 +83,11 @@ def _kl_to_reference(logp_BC, old_BC, ref_BC, cfg: TrainConfig) -> torch.Tensor:
 
 
 def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg: TrainConfig, *, temperature: float,
-                     pad_token_id: int, norm_for, dist=None) -> tuple[torch.Tensor, dict[str, float]]:
+                     pad_token_id: int, norm_for, dist=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Loss of one micro-batch (already scaled for accumulation) and its health statistics.
+
+    The statistics are 0-dim tensors left on the device (`health_to_host` reads a whole step's at
+    once): a read-back here would stall the GPU once per micro-batch.
 
     ``norm_for(mask_BC) -> Normalisers``: the loop's normalisers for this micro-batch.
     ``dist``: under torchrun, the `ShardedTraining` whose FSDP root runs the policy's forward.
@@ -93,28 +100,28 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
                                           with_entropy=cfg.entropy_coef > 0)
     logp_BC = logp_BC.float()
     width, device = logp_BC.shape[1], logp_BC.device
-    mask_BC = torch.arange(width, device=device)[None, :] < torch.tensor(batch.completion_lengths, device=device)[:, None]
+    lengths_B = to_device(torch.tensor(batch.completion_lengths), device)
+    mask_BC = torch.arange(width, device=device)[None, :] < lengths_B[:, None]
     rows = lambda name: pad_rows([getattr(data, name)[i] for i in idx], width, device)  # noqa: E731
     old_BC, adv_BC, ref_BC = rows("old_logprobs"), rows("token_advantages"), rows("ref_logprobs")
     norm = norm_for(mask_BC)
-    health: dict[str, float] = {}
+    health: dict[str, torch.Tensor] = {}
 
     loss_mask_BC = mask_BC
     if cfg.off_policy_mask_delta is not None:
-        seq_adv_B = torch.as_tensor(data.sequence_advantages[list(idx)], dtype=torch.float32, device=device)
+        seq_adv_B = to_device(torch.as_tensor(data.sequence_advantages[list(idx)], dtype=torch.float32), device)
         keep_B = off_policy_sequence_mask(rows("sampler_logprobs"), logp_BC, seq_adv_B, mask_BC,
                                           delta=cfg.off_policy_mask_delta)
         loss_mask_BC = mask_BC & keep_B[:, None]
-        health["off_policy_masked_fraction"] = float((~keep_B).float().mean())
+        health["off_policy_masked_fraction"] = (~keep_B).float().mean()
     loss_BC, stats = get_policy_loss(cfg.policy_loss_function)(
         logp_BC, old_BC, adv_BC, loss_mask_BC, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
         dual_clip_c=cfg.dual_clip_c)
     if cfg.tis_cap is not None:
         weights_BC = truncated_importance_weights(old_BC, rows("sampler_logprobs"), mask_BC, cap=cfg.tis_cap)
         loss_BC = loss_BC * weights_BC
-        valid = mask_BC
-        health["tis_weight_mean"] = float(weights_BC[valid].mean()) if valid.any() else 0.0
-        health["tis_capped_fraction"] = float((weights_BC[valid] >= cfg.tis_cap).float().mean()) if valid.any() else 0.0
+        health["tis_weight_mean"] = masked_mean(weights_BC, mask_BC)
+        health["tis_capped_fraction"] = masked_mean(weights_BC >= cfg.tis_cap, mask_BC)
     kl_BC = _kl_to_reference(logp_BC, old_BC, ref_BC, cfg)
     if cfg.kl_beta > 0:
         loss_BC = loss_BC + cfg.kl_beta * kl_BC
@@ -122,12 +129,12 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
         loss_BC = loss_BC - cfg.entropy_coef * entropy_BC.float()
     loss = norm.scale * aggregate_loss(loss_BC, loss_mask_BC, mode=cfg.loss_aggregation, total_tokens=norm.total_tokens,
                                        total_sequences=norm.total_sequences, max_length=norm.max_length)
-    health["policy_loss"] = float(loss.detach())
+    health["policy_loss"] = loss.detach()
 
-    health.update(policy_health_metrics(logp_BC, old_BC, mask_BC, stats))
-    health["kl_ref"] = float(kl_BC.detach()[mask_BC].mean()) if mask_BC.any() else 0.0
+    health.update(policy_health_tensors(logp_BC, old_BC, mask_BC, stats))
+    health["kl_ref"] = masked_mean(kl_BC.detach(), mask_BC)
     if entropy_BC is not None:
-        health["entropy"] = float(entropy_BC.detach().float()[mask_BC].mean()) if mask_BC.any() else 0.0
+        health["entropy"] = masked_mean(entropy_BC.detach(), mask_BC)
     if critic is not None:
         padded = make_token_batch(prompts, completions, pad_token_id=pad_token_id).to(cfg.device)  # the critic's layout
         value_term, value_health = _critic_loss(critic, padded, data, idx, mask_BC, cfg, norm)
@@ -137,7 +144,7 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
 
 
 def _critic_loss(critic, batch, data: TrainingData, idx, mask_BC, cfg: TrainConfig, norm: Normalisers
-                 ) -> tuple[torch.Tensor, dict[str, Any]]:
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     from rlpipe.value_model import completion_values
 
     with autocast(cfg):
@@ -149,9 +156,7 @@ def _critic_loss(critic, batch, data: TrainingData, idx, mask_BC, cfg: TrainConf
     loss = norm.scale * aggregate_loss(loss_BC, mask_BC, mode=cfg.loss_aggregation, total_tokens=norm.total_tokens,
                                        total_sequences=norm.total_sequences, max_length=norm.max_length)
     with torch.no_grad():
-        m = mask_BC
-        clipped = ((values_BC - old_BC).abs() > cfg.critic.value_clip_eps) & m
-        health = {"value_loss": float(loss.detach()),
-                  "value_clip_fraction": float(clipped[m].float().mean()) if m.any() else 0.0,
-                  "value_mean": float(values_BC[m].mean()) if m.any() else 0.0}
+        clipped = (values_BC - old_BC).abs() > cfg.critic.value_clip_eps
+        health = {"value_loss": loss.detach(), "value_clip_fraction": masked_mean(clipped, mask_BC),
+                  "value_mean": masked_mean(values_BC, mask_BC)}
     return loss, health

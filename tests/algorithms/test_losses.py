@@ -12,7 +12,10 @@ from rlpipe.algorithms.losses import (
     gspo_loss,
     gspo_token_loss,
     off_policy_sequence_mask,
+    health_to_host,
+    masked_mean,
     policy_health_metrics,
+    policy_health_tensors,
     ppo_clip_loss,
     truncated_importance_weights,
     value_loss,
@@ -276,3 +279,31 @@ def test_policy_health_metrics_by_hand_and_empty():
     assert (m["ratio_min"], m["ratio_max"]) == (pytest.approx(1.0), pytest.approx(1.5))
     empty = policy_health_metrics(lp, old, torch.zeros(1, 3, dtype=torch.bool), stats)
     assert all(v == 0 for v in empty.values())
+
+
+def test_policy_health_tensors_are_the_metrics_left_on_the_device():
+    lp = torch.tensor([[math.log(1.5), math.log(0.5), 0.0], [0.0, 0.0, 0.0]])
+    old = torch.zeros(2, 3)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    _, stats = ppo_clip_loss(lp, old, torch.ones(2, 3), mask, **CLIP)
+    tensors = policy_health_tensors(lp, old, mask, stats)
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in tensors.values())
+    # ratios [1.5, 0.5, 1]: min 0.5, max 1.5, mean 1; only 1.5 > 1 + 0.2 with A > 0 is clipped
+    assert health_to_host([tensors])[0] == policy_health_metrics(lp, old, mask, stats)
+    host = policy_health_metrics(lp, old, mask, stats)
+    assert (host["ratio_min"], host["ratio_max"], host["num_valid_tokens"]) == (pytest.approx(0.5), pytest.approx(1.5), 3)
+    assert host["ratio_mean"] == pytest.approx(1.0) and host["clip_fraction"] == pytest.approx(1 / 3)
+    empty = policy_health_tensors(lp, old, torch.zeros(2, 3, dtype=torch.bool), stats)
+    assert all(float(v) == 0 for v in empty.values())
+
+
+def test_masked_mean_and_health_to_host_by_hand():
+    x = torch.tensor([[1.0, 2.0, float("nan")], [4.0, 0.0, 0.0]])
+    m = torch.tensor([[True, True, False], [True, False, False]])
+    assert float(masked_mean(x, m)) == pytest.approx(7 / 3)  # NaN at a masked-out position never reaches the mean
+    assert float(masked_mean(x, torch.zeros_like(m))) == 0.0
+    parts = [{"a": torch.tensor(0.1), "num_valid_tokens": torch.tensor(3), "b": 2.5}, {"a": torch.tensor(-1.0)}]
+    host = health_to_host(parts)
+    assert host == [{"a": float(torch.tensor(0.1)), "num_valid_tokens": 3, "b": 2.5}, {"a": -1.0}]
+    assert type(host[0]["num_valid_tokens"]) is int and isinstance(parts[0]["a"], torch.Tensor)  # inputs untouched
+    assert health_to_host([{"b": 1.0}]) == [{"b": 1.0}]

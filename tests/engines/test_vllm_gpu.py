@@ -232,3 +232,30 @@ def test_generate_stage_picks_vllm_and_writes_valid_rollouts(tiny, tmp_path):
     REPORT["stage_seconds"] = json.dumps(metrics["seconds"])
     if path := os.environ.get("RLPIPE_GPU_REPORT"):
         Path(path).with_suffix(".stage.json").write_text(json.dumps(metrics, indent=1) + "\n")
+
+
+def test_two_data_parallel_replicas_sample_what_one_engine_samples(engine, tiny):
+    """data_parallel_size 2: one replica process per GPU, prompts split in two contiguous shards, results
+    back in request order; each request's own seed makes the samples those of one engine."""
+    _needs_gpu_and_vllm()
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    from rlpipe.engines.base import SamplingParams
+    from rlpipe.engines.vllm import VLLMEngine
+
+    path, tokenizer, _, prompts = tiny
+    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=MAX_NEW)
+    requests = _requests(prompts * 5, n=4, salt=11)  # 30 requests: shards of 15
+    one = _flat(engine.generate(requests, params))
+    with VLLMEngine(path, dtype="bfloat16", eos_token_ids=[tokenizer.eos_token_id], data_parallel_size=2,
+                    gpu_memory_utilization=0.3, enable_prefix_caching=True, enforce_eager=True,
+                    max_model_len=64) as replicas:
+        groups = replicas.generate(requests, params)
+    assert [len(g) for g in groups] == [4] * len(requests)
+    two = _flat(groups)
+    same = [a.token_ids == b.token_ids for a, b in zip(one, two)]
+    REPORT["data_parallel_identical_samples"] = f"{sum(same)}/{len(same)}"
+    assert sum(same) >= 0.9 * len(same)  # bf16 batch-composition noise may flip a rare near-tie token
+    diffs = [abs(x - y) for a, b, s in zip(one, two, same) if s for x, y in zip(a.sampler_logprobs, b.sampler_logprobs)]
+    REPORT["data_parallel_max_logprob_diff"] = max(diffs)
+    assert max(diffs) < 0.05

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlpipe.training.loop import train_policy
+from rlpipe.algorithms.losses import health_to_host
 from rlpipe.training.objective import Normalisers, micro_batch_loss
 from rlpipe.value_model import ScalarHeadModel
 from tests.training.test_loop import PAD, config, data, flat, tiny_model, trained
@@ -24,7 +25,7 @@ def grads(cfg, d, micro: int, norm_for=None):
                                         norm_for=norm_for or (lambda mask: whole))
         loss.backward()
         healths.append(health)
-    return torch.cat([p.grad.flatten() for p in model.parameters()]), healths
+    return torch.cat([p.grad.flatten() for p in model.parameters()]), health_to_host(healths)
 
 
 def with_old(d, shift=0.0):
