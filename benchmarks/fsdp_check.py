@@ -2,6 +2,7 @@
 
     python benchmarks/fsdp_check.py --out single.json                      # one GPU (or --device cpu)
     torchrun --standalone --nproc_per_node 2 benchmarks/fsdp_check.py --out fsdp.json --compare single.json
+    (--compile-layers in both: decoder layers compiled before sharding, as the train stage does on CUDA)
 
 A random-weight Qwen2.5-0.5B-shaped model (hidden 896, 24 layers, 14 heads / 2 KV heads,
 intermediate 4864, vocab 151936, tied embeddings; `--tiny` for a small one to try the script on
@@ -83,6 +84,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2, help="throughput is timed over the last epoch")
     parser.add_argument("--minibatch", type=int, default=32, help="sequences per optimizer step")
     parser.add_argument("--micro-batch", type=int, default=4, help="sequences per forward (packed)")
+    parser.add_argument("--compile-layers", action="store_true", help="compile_decoder_layers before sharding")
     args = parser.parse_args()
 
     dist = start(args.device)
@@ -90,6 +92,10 @@ def main() -> None:
     model = build_model(TINY if args.tiny else QWEN_05B, device)
     data = synthetic(model.config.vocab_size, args.sequences, tiny=args.tiny)
     cfg = train_config(device, args.epochs, args.minibatch, args.micro_batch)
+    if args.compile_layers:  # as the train stage does: compile in place, then shard
+        from rlpipe.engines.logprobs import compile_decoder_layers
+
+        compile_decoder_layers(model)
     sharded = None
     if dist is not None:
         from rlpipe.training.distributed import shard_for_training
@@ -117,7 +123,7 @@ def main() -> None:
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if on_cuda else 0.0
     peaks = dist.gather(peak_gib) if dist is not None else [peak_gib]
     report = {
-        "world_size": dist.world_size if dist is not None else 1,
+        "world_size": dist.world_size if dist is not None else 1, "compiled_layers": args.compile_layers,
         "torch": torch.__version__, "device": torch.cuda.get_device_name() if on_cuda else "cpu",
         "steps": [{k: s[k] for k in ("loss", "grad_norm", "approx_kl", "clip_fraction", "tokens")}
                   for s in result.steps],

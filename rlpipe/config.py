@@ -148,7 +148,7 @@ class ReferenceLogprobConfig:
     dtype: Literal["float32", "bfloat16", "float16"]
     max_tokens_per_batch: int
     chunk_size: int  # positions per LM-head chunk: bounds the [chunk, vocab] float32 buffer
-    compile_layers: bool  # torch.compile each decoder layer (GPU; BENCHMARKS.md: +26-54% tokens/s on an H200)
+    compile_layers: bool | Literal["auto"]  # torch.compile each decoder layer; auto = on CUDA (BENCHMARKS.md)
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ class TrainConfig:
     tis_cap: float | None  # truncated importance sampling: weight min(pi_old / pi_sampler, C); null = off
     target_kl: float | None  # stop the epoch loop once a step's approx KL to pi_old exceeds it; null = never
     gradient_checkpointing: bool  # recompute the body's activations in backward (memory for compute)
-    compile_layers: bool  # torch.compile each decoder layer (GPU; BENCHMARKS.md: +26-54% tokens/s on an H200)
+    compile_layers: bool | Literal["auto"]  # torch.compile each decoder layer; auto = on CUDA (BENCHMARKS.md)
     critic: CriticTrainConfig
 
     @property

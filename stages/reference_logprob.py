@@ -13,6 +13,7 @@ import typer
 
 from rlpipe.config import load_params
 from rlpipe.distributed import finish, score_in_shares, start
+from rlpipe.engines.logprobs import compile_decoder_layers, compile_layers_wanted
 from rlpipe.io import read_artifact, write_artifact
 from rlpipe.models import load_model, load_tokenizer, setup_torch
 from rlpipe.progress import stage_progress
@@ -39,9 +40,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         roll = read_artifact(rollouts, ROLLOUTS)
         pad_id = load_tokenizer(reference).pad_token_id
         model = load_model(reference, device=cfg.device, dtype=cfg.dtype)
-        if cfg.compile_layers:
-            from rlpipe.engines.logprobs import compile_decoder_layers
-
+        compiled = compile_layers_wanted(cfg.compile_layers, cfg.device)
+        if compiled:
             compile_decoder_layers(model)
     with timer.phase("compute"):
         with stage_progress("reference_logprob", total=roll.frame.height, unit="sequences") as advance:
@@ -58,7 +58,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     with timer.phase("write"):
         write_artifact(ref, out, REF_LOGPROBS, metadata={"reference_version": p.reference.version,
                                                           "policy_version": roll.metadata.get("policy_version")})
-    m = reference_metrics(ref, roll.frame)
+    m = {**reference_metrics(ref, roll.frame), "compiled_layers": compiled}
     stage.write_metrics(metrics, "reference_logprob", m, timer)
     stage.summary_line("reference_logprob", rows=m["num_samples"], tokens=m["tokens"],
                        seconds=timer.report()["total"], kl_sampler_ref=round(m["kl_sampler_ref_k1"], 4))

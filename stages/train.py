@@ -25,7 +25,7 @@ from rlpipe.models import load_model, load_tokenizer, read_policy_version, save_
 from rlpipe.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS, VALUES
 from rlpipe.critic import load_critic, save_critic
 from rlpipe.distributed import finish, start
-from rlpipe.engines.logprobs import compile_decoder_layers, enable_gradient_checkpointing
+from rlpipe.engines.logprobs import compile_decoder_layers, compile_layers_wanted, enable_gradient_checkpointing
 from rlpipe.errors import ArtifactError
 from rlpipe.training.data import check_policy_version, training_data, training_frame
 from rlpipe.progress import stage_progress
@@ -74,7 +74,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         critic_model = load_critic(critic, seed=p.seed, device=cfg.device) if with_critic else None
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(model)
-        if cfg.compile_layers:
+        compiled = compile_layers_wanted(cfg.compile_layers, cfg.device)
+        if compiled:
             compile_decoder_layers(model)
         sharded = None
         if dist is not None:
@@ -115,7 +116,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         return
     m = {**result.metrics, **reward_stats(score_frame), **sampler_mismatch(frame, result.old_logprobs),
          "policy_version_out": p.iteration + 1, "policy_loss_function": cfg.policy_loss_function,
-         "profile": p.profile, "fine_points": fine_points(p),
+         "profile": p.profile, "fine_points": fine_points(p), "compiled_layers": compiled,
          "resumed_from_step": int(state["step"]) if state else 0}
     stage.write_metrics(metrics, "train", m, timer)
     stage.summary_line("train", steps=m["optimizer_steps"], sequences=m["trained_sequences"],

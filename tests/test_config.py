@@ -163,6 +163,19 @@ def test_mistyped_value(tmp_path, data, section, key, value, expected):
     assert config_error(dump(tmp_path, data)).endswith(f": {expected}")
 
 
+@pytest.mark.parametrize("value", ["auto", True, False])
+def test_compile_layers_is_auto_or_a_bool(tmp_path, data, value):
+    data["train"]["compile_layers"] = data["reference_logprob"]["compile_layers"] = value
+    params = load_params(dump(tmp_path, data))
+    assert params.train.compile_layers == params.reference_logprob.compile_layers == value
+
+
+def test_compile_layers_rejects_other_words(tmp_path, data):
+    data["train"]["compile_layers"] = "yes"
+    message = config_error(dump(tmp_path, data))
+    assert "train.compile_layers" in message and "'yes'" in message
+
+
 def test_reward_options_must_be_a_mapping(tmp_path, data):
     data["score"]["rewards"][0]["options"] = ["answer_prefix"]
     assert config_error(dump(tmp_path, data)).endswith(": score.rewards[0].options: expected a mapping, got list")

@@ -7,6 +7,7 @@ first use, so `from rlpipe.engines import HFEngine` works without slowing down l
     TokenBatch, make_token_batch, PackedBatch, make_packed_batch, completion_logprobs,
     batched_completion_logprobs, token_budget_batches, unpad, enable_gradient_checkpointing,
     compile_decoder_layers        rlpipe.engines.logprobs
+    compile_layers_wanted         rlpipe.engines.logprobs
 """
 from importlib import import_module
 
@@ -33,6 +34,7 @@ _LAZY = {
     "token_budget_batches": "rlpipe.engines.logprobs",
     "enable_gradient_checkpointing": "rlpipe.engines.logprobs",
     "compile_decoder_layers": "rlpipe.engines.logprobs",
+    "compile_layers_wanted": "rlpipe.engines.logprobs",
 }
 
 __all__ = [

@@ -414,12 +414,24 @@ def compile_decoder_layers(model: torch.nn.Module, *, backend: str = "inductor")
     and residual adds in float32 under autocast) move as many bytes as the matmuls take time on a
     0.5B-1.5B model; compiled, they fuse. All layers share one compiled graph (dynamic sequence
     length), so compiling costs tens of seconds once per process, not per layer. Parameter names
-    are unchanged. Opt-in (GPU): CPU tests and small models do not need it.
+    are unchanged. The stages call it where `compile_layers_wanted` says so.
     """
     layers = _decoder_layers(model)
     for layer in layers:
         layer.compile(backend=backend, dynamic=True)
     return len(layers)
+
+
+def compile_layers_wanted(setting: bool | str, device: str | torch.device) -> bool:
+    """Whether a stage compiles its decoder layers: ``compile_layers`` true/false, or "auto" = on CUDA only.
+
+    Why "auto" is the default: on a GPU compiled layers are what reach the issue's throughput targets
+    (BENCHMARKS.md: +26-54% tokens/s on an H200); on CPU inductor needs a C++ toolchain and the tiny
+    default gains nothing, and CPU outputs stay byte-identical to an uncompiled run.
+    """
+    if setting == "auto":
+        return torch.device(device).type == "cuda"
+    return bool(setting)
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> int:

@@ -38,6 +38,7 @@ def test_reference_logprob_data_parallel_is_byte_identical(project_copy, tmp_pat
     single, parallel = read_json(project_copy / "metrics/reference_logprob.json"), read_json(tmp_path / "ref.json")
     for key in ("num_samples", "tokens", "ref_logprob_mean", "kl_sampler_ref_k1"):
         assert parallel[key] == single[key], key
+    assert single["compiled_layers"] is parallel["compiled_layers"] is False  # compile_layers: auto, on CPU
 
 
 def test_train_under_fsdp_matches_the_single_process_stage(project_copy, tmp_path):
@@ -67,6 +68,7 @@ def test_train_under_fsdp_matches_the_single_process_stage(project_copy, tmp_pat
 
     m1, m2 = read_json(project_copy / "metrics/train.json"), read_json(tmp_path / "train.json")
     assert m2["optimizer_steps"] == m1["optimizer_steps"] > 1
+    assert m1["compiled_layers"] is m2["compiled_layers"] is False  # compile_layers: auto, on CPU
     for key in ("loss_mean", "grad_norm_mean", "clip_fraction", "approx_kl_old", "entropy_old", "kl_ref"):
         assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-7), key
     assert not list((project_copy / ".rlpipe/resume").glob("train-*"))  # rank 0 cleared its resume state

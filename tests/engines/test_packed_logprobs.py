@@ -208,6 +208,12 @@ def test_gradient_checkpointing_same_gradients_less_saved():
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
+def test_compile_layers_auto_means_cuda_only():
+    assert lp.compile_layers_wanted("auto", "cuda") and lp.compile_layers_wanted("auto", torch.device("cuda", 1))
+    assert not lp.compile_layers_wanted("auto", "cpu")
+    assert lp.compile_layers_wanted(True, "cpu") and not lp.compile_layers_wanted(False, "cuda")
+
+
 def test_compile_decoder_layers_keeps_names_and_results():
     model = _small_model("llama")
     compiled = copy.deepcopy(model)
