@@ -35,6 +35,7 @@ The numbers in BENCHMARKS.md came from (one H200 each, 2026-11-26):
     python benchmarks/gpu_throughput.py --check --quick   # correctness on the GPU + a short table
     python benchmarks/gpu_throughput.py --profile         # top CUDA kernels of each path
     python benchmarks/gpu_throughput.py --smoke --quick   # CPU, tiny shapes: exercises the code only
+    python benchmarks/gpu_throughput.py --generation ...  # also generation tokens/s (HF engine; vLLM if installed)
 """
 from __future__ import annotations
 
@@ -419,6 +420,55 @@ def profile(shape: str, tokens: int, args) -> None:
     del model
 
 
+def generation_rows(args) -> list[dict]:
+    """Generation tokens/s: rlpipe's HF engine here, and vLLM's generate path through vllm_generate.py.
+
+    vLLM runs in a child process (its engine must start where CUDA is not initialised yet) and only
+    where it is installed; that script also times bare vLLM on the same prompts (the stage's
+    >= 90% target). Both: a 0.5B-shaped random-weight model, bf16, prompts of 64 random ids,
+    G = 8 samples each, temperature 1, no EOS in practice (random weights), so every sample runs
+    to max_new_tokens.
+    """
+    import importlib.util
+    import subprocess
+    import tempfile
+
+    from rlpipe.engines.base import PromptRequest, SamplingParams, derive_seed
+    from rlpipe.engines.hf import HFEngine
+
+    out = []
+    if DEVICE == "cuda" and importlib.util.find_spec("vllm") is not None:
+        report = Path(tempfile.mkdtemp()) / "vllm.json"
+        cmd = [sys.executable, str(Path(__file__).with_name("vllm_generate.py")), "--prompts", str(args.gen_prompts),
+               "--max-new-tokens", str(args.gen_tokens), "--repeats", "1", "--out", str(report)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode == 0:
+            rates = json.loads(report.read_text())["tokens_per_s"]
+            out += [{"engine": f"vLLM ({name})", "tokens_per_s": rates[name]} for name in ("bare_vllm", "rlpipe")]
+        else:
+            print("vllm_generate.py failed:", proc.stderr[-2000:], flush=True)
+    model = build_model("0.5B", torch.bfloat16)
+    engine = HFEngine.from_model(model, batch_size=args.gen_batch, eos_token_ids=[VOCAB - 1], pad_token_id=0)
+    rng = np.random.default_rng(0)
+    requests = [PromptRequest(prompt_token_ids=tuple(rng.integers(0, VOCAB - 1, 64).tolist()), seed=derive_seed(0, i),
+                              n=8) for i in range(args.gen_prompts)]
+    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.gen_tokens)
+    engine.generate(requests[:2], SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=8))  # warm-up
+    sync()
+    start = time.perf_counter()
+    groups = engine.generate(requests, params)
+    sync()
+    seconds = time.perf_counter() - start
+    tokens = sum(len(c.token_ids) for g in groups for c in g)
+    out.append({"engine": f"rlpipe HF engine (batch {args.gen_batch})", "tokens_per_s": tokens / seconds})
+    for row in out:
+        row.update(sequences=8 * args.gen_prompts, max_new_tokens=args.gen_tokens)
+        print("generation", row, flush=True)
+    del engine, model
+    reset_peak()
+    return out
+
+
 def matmul_ceiling() -> float:
     a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     for _ in range(3):
@@ -458,6 +508,12 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="print the top CUDA kernels of each path, then stop")
     ap.add_argument("--profile-compiled", action="store_true", help="--profile with compile_decoder_layers")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shape and vocab: exercise the code paths only")
+    ap.add_argument("--generation", action="store_true",
+                    help="also generation tokens/s: rlpipe's HF engine, and vLLM (bare and rlpipe) where installed")
+    ap.add_argument("--generation-only", action="store_true", help="only the generation rows")
+    ap.add_argument("--gen-prompts", type=int, default=32, help="generation: prompts (x G=8 samples)")
+    ap.add_argument("--gen-tokens", type=int, default=512, help="generation: new tokens per sample")
+    ap.add_argument("--gen-batch", type=int, default=256, help="generation: HF engine sequences per batch")
     args = ap.parse_args()
     import transformers
 
@@ -469,6 +525,7 @@ def main() -> None:
         args.ref_tokens = args.train_tokens = 6000
         args.ref_budget = args.train_budget = args.naive_ref_budget = args.naive_train_budget = 4500
         args.repeats = 1
+        args.gen_prompts, args.gen_tokens, args.gen_batch = 2, 8, 16
 
     if args.profile or args.profile_compiled:
         for shape in args.models.split(","):
@@ -483,8 +540,11 @@ def main() -> None:
     header = (f"{datetime.date.today()} | {card} | torch {torch.__version__} | transformers {transformers.__version__}"
               f" | bf16 matmul ceiling (8192^3) {ceiling:.0f} TFLOP/s | MFU peak {PEAK_TFLOPS:.0f} TFLOP/s")
     print(header, flush=True)
-    results: dict = {"header": header, "ceiling_tflops": ceiling, "runs": [], "check": [], "head_memory": []}
+    results: dict = {"header": header, "ceiling_tflops": ceiling, "runs": [], "check": [], "head_memory": [],
+                     "generation": generation_rows(args) if args.generation or args.generation_only else []}
     rows = []
+    if args.generation_only:
+        models = []
     if args.check_only:
         print("\n".join(check(build_model("0.5B", torch.float32))), flush=True)
         return
@@ -596,6 +656,14 @@ def print_tables(results: dict, ceiling: float) -> None:
         for h in results["head_memory"]:
             ratio = h["chunked_gb"] / h["naive_gb"] if h["naive_gb"] else float("nan")
             print(f"| {h['model']} | {h['vocab']:,} | {h['naive_gb']:.2f} | {h['chunked_gb']:.2f} | {ratio:.3f} |")
+    if results.get("generation"):
+        hf = results["generation"][-1]["tokens_per_s"]
+        print("\nGeneration, 0.5B shape, bf16, 64-token prompts x G=8, every sample max_new_tokens long:\n")
+        print("| engine | sequences | new tokens each | tokens/s | vs rlpipe HF engine |")
+        print("|---|---|---|---|---|")
+        for g in results["generation"]:
+            print(f"| {g['engine']} | {g['sequences']} | {g['max_new_tokens']} | {g['tokens_per_s']:,.0f} "
+                  f"| {g['tokens_per_s'] / hf:.1f}x |")
     for line in results["check"]:
         print("check:", line)
 
