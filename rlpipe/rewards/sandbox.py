@@ -212,7 +212,7 @@ def code_tests(sample: Sample, *, tests_key: str, timeout_s: float, cpu_time_s: 
     isolation = host_isolation()
     lacking = [name for name in required_protections if name not in isolation.active]
     if lacking:
-        raise SandboxUnavailable(f"code_tests: required protection(s) not active on this host: "
+        raise SandboxUnavailable("code_tests: required protection(s) not active on this host: "
                                  + "; ".join(f"{n} ({isolation.missing.get(n, '')})" for n in lacking))
     result = run_code_tests(extract_code(sample.completion), tests, limits, isolation)
     if result.kind == "pass":

@@ -12,7 +12,6 @@ import doctest
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
