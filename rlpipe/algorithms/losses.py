@@ -299,14 +299,14 @@ def policy_health_metrics(logprobs_BT, old_logprobs_BT, mask_BT, stats) -> dict[
 def health_to_host(parts: list[dict[str, torch.Tensor | float]]) -> list[dict[str, float]]:
     """Every 0-dim tensor in `parts` as a python number, read back in one device-to-host transfer.
 
-    Values are exact: float32 and integer counts pass through float64 unchanged. `num_valid_tokens`
-    comes back as an int.
+    Values are exact: float32 and integer counts pass through float64 unchanged; an integer tensor
+    (a count such as `num_valid_tokens`) comes back as an int.
     """
     where = [(i, key) for i, part in enumerate(parts) for key, v in part.items() if isinstance(v, torch.Tensor)]
     values = torch.stack([parts[i][key].detach().to(torch.float64) for i, key in where]).tolist() if where else []
     out = [dict(part) for part in parts]
     for (i, key), value in zip(where, values):
-        out[i][key] = int(value) if key == "num_valid_tokens" else value
+        out[i][key] = value if parts[i][key].is_floating_point() else int(value)
     return out
 
 

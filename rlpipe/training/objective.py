@@ -107,10 +107,12 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
     norm = norm_for(mask_BC)
     health: dict[str, torch.Tensor] = {}
 
+    with_sampler = cfg.off_policy_mask_delta is not None or cfg.tis_cap is not None
+    sampler_BC = rows("sampler_logprobs") if with_sampler else None  # built and copied once for both corrections
     loss_mask_BC = mask_BC
     if cfg.off_policy_mask_delta is not None:
         seq_adv_B = to_device(torch.as_tensor(data.sequence_advantages[list(idx)], dtype=torch.float32), device)
-        keep_B = off_policy_sequence_mask(rows("sampler_logprobs"), logp_BC, seq_adv_B, mask_BC,
+        keep_B = off_policy_sequence_mask(sampler_BC, logp_BC, seq_adv_B, mask_BC,
                                           delta=cfg.off_policy_mask_delta)
         loss_mask_BC = mask_BC & keep_B[:, None]
         health["off_policy_masked_fraction"] = (~keep_B).float().mean()
@@ -118,7 +120,7 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
         logp_BC, old_BC, adv_BC, loss_mask_BC, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
         dual_clip_c=cfg.dual_clip_c)
     if cfg.tis_cap is not None:
-        weights_BC = truncated_importance_weights(old_BC, rows("sampler_logprobs"), mask_BC, cap=cfg.tis_cap)
+        weights_BC = truncated_importance_weights(old_BC, sampler_BC, mask_BC, cap=cfg.tis_cap)
         loss_BC = loss_BC * weights_BC
         health["tis_weight_mean"] = masked_mean(weights_BC, mask_BC)
         health["tis_capped_fraction"] = masked_mean(weights_BC >= cfg.tis_cap, mask_BC)
