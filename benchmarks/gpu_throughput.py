@@ -247,6 +247,20 @@ class eager_head:
         lp._fused = chunked_head._fused = self.saved
 
 
+def record(rows: list, shape: str, workload: str, setting: str, path: str, budget: int, result: dict) -> None:
+    """Keep one table row and print it at once, so a long run on the device shows its progress."""
+    rows.append((shape, workload, setting, path, budget, result))
+    print(shape, workload, setting, path, result, flush=True)
+
+
+def as_reference_model(model):
+    """The trained-on model as the reference stage holds it: bf16 weights, no gradients; peak memory reset."""
+    model = model.to(torch.bfloat16)
+    model.zero_grad(set_to_none=True)
+    reset_peak()
+    return model
+
+
 def compiled_rows(shape: str, args, rows: list) -> None:
     """rlpipe with every decoder layer torch.compile'd (compile_decoder_layers), on a fresh model."""
     settings = args.compiled_settings.split(",")
@@ -257,21 +271,16 @@ def compiled_rows(shape: str, args, rows: list) -> None:
         data = make_data(setting, args.train_tokens, seed=0)
         kw = dict(budget=args.train_budget, chunk=args.chunk, optimizer=optimizer)
         r = measure(train_rlpipe, model, *data, train=True, repeats=args.repeats, **kw)
-        rows.append((shape, "train", setting, "rlpipe compiled layers", kw["budget"], r))
-        print(shape, "train", setting, "rlpipe compiled layers", r, flush=True)
+        record(rows, shape, "train", setting, "rlpipe compiled layers", kw["budget"], r)
         r = measure(train_loop, model, *data, train=True, repeats=args.repeats, data=loop_data(*data), **kw)
-        rows.append((shape, "train", setting, "rlpipe train loop, compiled layers", kw["budget"], r))
-        print(shape, "train", setting, "rlpipe train loop, compiled layers", r, flush=True)
+        record(rows, shape, "train", setting, "rlpipe train loop, compiled layers", kw["budget"], r)
     del optimizer
-    model = model.to(torch.bfloat16)
-    model.zero_grad(set_to_none=True)
-    reset_peak()
+    model = as_reference_model(model)
     for setting in settings:
         data = make_data(setting, args.ref_tokens, seed=1)
         r = measure(ref_rlpipe, model, *data, train=False, repeats=args.repeats, budget=args.ref_budget,
                     chunk=args.chunk)
-        rows.append((shape, "reference", setting, "rlpipe compiled layers", args.ref_budget, r))
-        print(shape, "reference", setting, "rlpipe compiled layers", r, flush=True)
+        record(rows, shape, "reference", setting, "rlpipe compiled layers", args.ref_budget, r)
     del model
     reset_peak()
 
@@ -569,39 +578,32 @@ def main() -> None:
                           dict(budget=args.train_budget, chunk=args.chunk, optimizer=optimizer, data=loop_data(*data))))
         for workload, setting, path, fn, data, kw in plans:
             r = measure(fn, model, *data, train=True, repeats=args.repeats, **kw)
-            rows.append((shape, workload, setting, path, kw["budget"], r))
-            print(shape, workload, setting, path, r, flush=True)
+            record(rows, shape, workload, setting, path, kw["budget"], r)
         if args.eager_rows:
             data = make_data("spread", args.train_tokens, seed=0)
             kw = dict(budget=args.train_budget, chunk=args.chunk, optimizer=optimizer)
             with eager_head():
                 r = measure(train_rlpipe, model, *data, train=True, repeats=args.repeats, **kw)
-            rows.append((shape, "train", "spread", "rlpipe eager head", kw["budget"], r))
-            print(shape, "train spread rlpipe eager head", r, flush=True)
+            record(rows, shape, "train", "spread", "rlpipe eager head", kw["budget"], r)
         # Gradient checkpointing last: it stays on for this model (hooks), and frees memory for a bigger budget.
         enable_gradient_checkpointing(model)
         data = make_data("spread", args.train_tokens, seed=0)
         kw = dict(budget=4 * args.train_budget, chunk=args.chunk, optimizer=optimizer)
         r = measure(train_rlpipe, model, *data, train=True, repeats=args.repeats, **kw)
-        rows.append((shape, "train", "spread", "rlpipe+ckpt", kw["budget"], r))
-        print(shape, "train spread rlpipe+ckpt", r, flush=True)
+        record(rows, shape, "train", "spread", "rlpipe+ckpt", kw["budget"], r)
         del optimizer
-        model = model.to(torch.bfloat16)
-        model.zero_grad(set_to_none=True)
-        reset_peak()
+        model = as_reference_model(model)
         for setting in settings:
             data = make_data(setting, args.ref_tokens, seed=1)
             for path, fn, budget in (("naive", ref_naive, args.naive_ref_budget),
                                      ("rlpipe", ref_rlpipe, args.ref_budget)):
                 r = measure(fn, model, *data, train=False, repeats=args.repeats, budget=budget, chunk=args.chunk)
-                rows.append((shape, "reference", setting, path, budget, r))
-                print(shape, "reference", setting, path, r, flush=True)
+                record(rows, shape, "reference", setting, path, budget, r)
             if args.eager_rows and setting == "spread":
                 with eager_head():
                     r = measure(ref_rlpipe, model, *data, train=False, repeats=args.repeats, budget=args.ref_budget,
                                 chunk=args.chunk)
-                rows.append((shape, "reference", setting, "rlpipe eager head", args.ref_budget, r))
-                print(shape, "reference", setting, "rlpipe eager head", r, flush=True)
+                record(rows, shape, "reference", setting, "rlpipe eager head", args.ref_budget, r)
         # Same batch, whole reference forward: 16 x (128 + 2048), naive padded vs rlpipe packed in one row.
         completion = 2048 if DEVICE == "cuda" else 64
         budget = 16 * (128 + completion)
@@ -610,8 +612,7 @@ def main() -> None:
             weights = allocated_gb()
             r = measure(fn, model, *data, train=False, repeats=1, budget=budget, chunk=1024)
             r["above_weights_gb"] = None if r["oom"] else r["peak_gb"] - weights
-            rows.append((shape, "reference same batch", f"uniform-{completion}", path, budget, r))
-            print(shape, "same batch", path, r, flush=True)
+            record(rows, shape, "reference same batch", f"uniform-{completion}", path, budget, r)
         hidden = model.config.hidden_size
         del model
         reset_peak()
