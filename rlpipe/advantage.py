@@ -23,6 +23,7 @@ from rlpipe.io import Artifact
 
 FILTER_ZERO_VARIANCE = "zero_variance_group"
 FILTER_TRUNCATED = "truncated"
+FILTER_INFRA_ERROR = "infra_error"  # the rollout's environment failed (docs/multi-turn.md): not the model's doing
 
 
 def padded_mask(lengths: np.ndarray) -> np.ndarray:
@@ -95,13 +96,43 @@ def compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig
                        ) -> tuple[pl.DataFrame, dict[str, Any], dict[str, Any]]:
     """Advantage table, metrics and KL-controller record for one iteration.
 
-    ``rows``: keys, reward, completion_length, truncated (rollouts joined with scores), sorted by
-    keys; plus sampler_logprobs and ref_logprobs for reinforce_plus_plus / gae, and values for gae.
+    ``rows``: keys, reward, completion_length, truncated, policy_mask and finish_reason (rollouts
+    joined with scores), sorted by keys; plus sampler_logprobs and ref_logprobs for
+    reinforce_plus_plus / gae, and values for gae.
+
+    Multi-turn rollouts: only the policy's tokens (``policy_mask``) are valid tokens here, so a
+    sequence advantage is broadcast to them alone, GAE steps over observation tokens (they are
+    neither terminal nor rewarded: `gae_advantages` skips masked positions), and token statistics
+    count policy tokens. A row whose environment failed (finish_reason ``infra_error``) is left out
+    of everything, its group's statistics included, and marked ``filtered_reason: infra_error``.
     """
+    infra = (rows["finish_reason"] == FILTER_INFRA_ERROR).to_numpy() if "finish_reason" in rows.columns else None
+    if infra is None or not infra.any():
+        return _compute_advantages(rows, cfg)
+    frame, metrics, kl_state = _compute_advantages(rows.filter(~pl.Series(infra)), cfg)
+    left_out = rows.filter(pl.Series(infra))
+    groups = frame.group_by("prompt_id").agg(pl.col("group_size", "group_reward_mean", "group_reward_std").first())
+    zeros = [[0.0] * n for n in left_out["completion_length"].to_list()]
+    extra = left_out.select("prompt_id", "sample_idx").join(groups, on="prompt_id", how="left").with_columns(
+        pl.col("group_size").fill_null(0), pl.col("group_reward_mean", "group_reward_std").fill_null(0.0),
+        pl.lit(None if cfg.uses_token_rewards else 0.0, dtype=pl.Float32).alias("advantage"),
+        pl.Series("token_advantages", zeros, dtype=pl.List(pl.Float32)),
+        pl.Series("returns", zeros if cfg.needs_critic else [None] * left_out.height, dtype=pl.List(pl.Float32)),
+        pl.lit(FILTER_INFRA_ERROR, dtype=pl.String).alias("filtered_reason"),
+    ).select(frame.columns)
+    metrics["num_samples"] = rows.height
+    metrics["filtered"][FILTER_INFRA_ERROR] = int(infra.sum())
+    return pl.concat([frame, extra]).sort(["prompt_id", "sample_idx"]), metrics, kl_state
+
+
+def _compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig
+                        ) -> tuple[pl.DataFrame, dict[str, Any], dict[str, Any]]:
     rewards = rows["reward"].to_numpy().astype(np.float64)
     groups = rows["prompt_id"].to_numpy()
     lengths = rows["completion_length"].to_numpy().astype(np.int64)
     mask = padded_mask(lengths)
+    if "policy_mask" in rows.columns:  # observation tokens of multi-turn rollouts are not the policy's actions
+        mask = mask * padded(rows["policy_mask"].to_list(), lengths)
     token_rewards = values = kl_B = None
     if cfg.uses_token_rewards:
         old = padded(rows["sampler_logprobs"].to_list(), lengths)
@@ -147,7 +178,8 @@ def compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig
         "estimator": cfg.estimator,
         "num_samples": frame.height,
         "num_trained": int(kept.sum()),
-        "filtered": {k: int((frame["filtered_reason"] == k).sum()) for k in (FILTER_ZERO_VARIANCE, FILTER_TRUNCATED)},
+        "filtered": {k: int((frame["filtered_reason"] == k).sum()) for k in (FILTER_ZERO_VARIANCE, FILTER_TRUNCATED,
+                                                                                FILTER_INFRA_ERROR)},
         "advantage_mean": float(np.mean(seq_adv)) if seq_adv is not None else None,
         "advantage_abs_mean": float(np.mean(np.abs(seq_adv))) if seq_adv is not None else None,
         **{k: v for k, v in result.metrics.items()},

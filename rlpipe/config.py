@@ -77,6 +77,8 @@ class TinyTaskConfig:
     warmstart_batch_size: int
     warmstart_lr: float
     num_preference_pairs: int  # synthetic (prompt, chosen, rejected) pairs for the reward model: right vs wrong sums
+    task: Literal["addition", "calculator"]  # calculator: the multi-turn task (ask the `add` tool, copy its result)
+    tool_use_rate: float  # calculator: share of warm-start examples that call the tool (the rest answer directly)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,24 @@ class VLLMConfig:
 
 
 @dataclass(frozen=True)
+class EnvironmentConfig:
+    """generate.environment: multi-turn rollouts (docs/multi-turn.md); ``name: null`` keeps them single-turn."""
+    name: str | None  # a built-in environment name or "package.module:Class"; null = single-turn generation
+    options: dict  # keyword arguments of the environment's constructor, all written out
+    max_turns: int  # model turns per rollout; past it the rollout ends with finish_reason max_turns
+    max_total_tokens: int  # completion tokens per rollout, model turns + observations (DAPO's overlong limit)
+    tool_timeout_s: float  # wall clock per tool call, enforced by the environment: a timeout is an observation
+    step_timeout_s: float  # wall clock per environment step, enforced by the driver: past it, infra_error
+    workers: int  # environment steps running at once (threads); never changes results
+    prompts_per_chunk: int  # prompts scheduled together: one engine call per chunk and turn; a resume unit
+    chunks_in_flight: int  # chunks in progress at once: one generates while the others wait on their tools
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.name is not None
+
+
+@dataclass(frozen=True)
 class GenerateConfig:
     engine: Literal["auto", "hf", "vllm"]  # auto: vllm when generate.device is CUDA and vllm imports, else hf
     prompts_per_iteration: int  # 0 = all train prompts every iteration
@@ -123,6 +143,12 @@ class GenerateConfig:
     device: str
     dtype: Literal["float32", "bfloat16", "float16"]
     vllm: VLLMConfig
+    environment: EnvironmentConfig
+
+    @property
+    def max_completion_tokens(self) -> int:
+        """The most tokens a completion can hold: max_new_tokens, or a multi-turn rollout's total budget."""
+        return self.environment.max_total_tokens if self.environment.multi_turn else self.max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -438,6 +464,15 @@ def _check_consistency(params: Params, path: Path) -> None:
          "generate.vllm.tensor_parallel_size and generate.vllm.data_parallel_size must be >= 1")
     need(0 < g.vllm.gpu_memory_utilization <= 1, "generate.vllm.gpu_memory_utilization must be in (0, 1]")
     need(g.vllm.max_model_len is None or g.vllm.max_model_len >= 1, "generate.vllm.max_model_len must be >= 1 or null")
+    e = g.environment
+    need(e.max_turns >= 1, "generate.environment.max_turns must be >= 1")
+    need(e.max_total_tokens >= 1, "generate.environment.max_total_tokens must be >= 1")
+    need(e.tool_timeout_s > 0 and e.step_timeout_s > 0,
+         "generate.environment.tool_timeout_s and generate.environment.step_timeout_s must be > 0")
+    need(e.workers >= 1 and e.prompts_per_chunk >= 1 and e.chunks_in_flight >= 1,
+         "generate.environment.workers, prompts_per_chunk and chunks_in_flight must be >= 1")
+    need(e.name is None or e.name.strip() != "", "generate.environment.name must be a name or null")
+    need(0.0 <= params.prepare.tiny.tool_use_rate <= 1.0, "prepare.tiny.tool_use_rate must be in [0, 1]")
     need(t.micro_batch_size >= 1 and t.minibatch_size >= t.micro_batch_size,
          "train.minibatch_size must be >= train.micro_batch_size >= 1")
     need(t.epochs >= 1, "train.epochs must be >= 1")

@@ -23,3 +23,10 @@ class ScoringError(RlpipeError):
 
 class TrainingError(RlpipeError):
     """Training cannot go on (e.g. non-finite losses persisted)."""
+
+
+class InfrastructureError(RuntimeError):
+    """A failure that is not the model's: a multi-turn rollout's environment or tool infrastructure broke
+    (a sandbox that cannot start, an environment that raised or hung). Raised by tools and environments
+    (rlpipe.environments); the rollout ends as ``infra_error`` and the score stage makes it a row error,
+    never a reward the policy could learn from."""

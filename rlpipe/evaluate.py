@@ -8,6 +8,7 @@ import polars as pl
 from rlpipe.config import EvaluateConfig, ScoreConfig
 from rlpipe.engines.base import PromptRequest, SamplingParams
 from rlpipe.engines.hf import HFEngine
+from rlpipe.generate import single_turn_columns
 from rlpipe.scoring import score_rows
 
 GREEDY = 0.0  # temperature 0 = argmax: accuracy of the policy's mode, comparable across iterations
@@ -15,25 +16,35 @@ GREEDY = 0.0  # temperature 0 = argmax: accuracy of the policy's mode, comparabl
 
 def evaluate_policy(model: Any, prompts: pl.DataFrame, *, cfg: EvaluateConfig, score_cfg: ScoreConfig,
                     eos_token_ids: list[int], pad_token_id: int, policy_version: int,
-                    decode: Any) -> tuple[pl.DataFrame, dict[str, Any]]:
+                    decode: Any, multi_turn: Any = None) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """Greedy rollouts of ``prompts``, scored. ``multi_turn``: a `rlpipe.generate.MultiTurnSetup`
+    (generate.environment) to evaluate multi-turn, each turn capped at ``evaluate.max_new_tokens``."""
     engine = HFEngine.from_model(model, batch_size=cfg.batch_size, eos_token_ids=eos_token_ids,
                                  pad_token_id=pad_token_id)
     params = SamplingParams(temperature=GREEDY, top_p=1.0, top_k=0, max_new_tokens=cfg.max_new_tokens)
-    requests = [PromptRequest(prompt_token_ids=tuple(ids), seed=0, n=1) for ids in prompts["prompt_token_ids"]]
-    results = engine.generate(requests, params)
-    completions = [group[0] for group in results]
-    rows = prompts.select("prompt_id", "prompt", "prompt_token_ids", "answer", "metadata").with_columns(
-        pl.lit(0, dtype=pl.Int32).alias("sample_idx"),
-        pl.Series("completion_token_ids", [c.token_ids for c in completions], dtype=pl.List(pl.Int32)),
-        pl.Series("completion_text", [decode(c.token_ids) for c in completions], dtype=pl.String),
-        pl.Series("completion_length", [len(c.token_ids) for c in completions], dtype=pl.Int32),
-        pl.Series("truncated", [c.finish_reason == "length" for c in completions], dtype=pl.Boolean),
-    )
+    base = prompts.select("prompt_id", "prompt", "prompt_token_ids", "answer", "metadata")
+    if multi_turn is not None:
+        driver = multi_turn.driver(engine, sampling=params, group_size=1, keep_chunks=False)
+        rollouts = driver.run(base, [0] * base.height)
+        rows = base.join(rollouts.drop("prompt_token_ids"), on="prompt_id")
+    else:
+        requests = [PromptRequest(prompt_token_ids=tuple(ids), seed=0, n=1) for ids in prompts["prompt_token_ids"]]
+        completions = [group[0] for group in engine.generate(requests, params)]
+        rows = base.with_columns(
+            pl.lit(0, dtype=pl.Int32).alias("sample_idx"),
+            pl.Series("completion_token_ids", [c.token_ids for c in completions], dtype=pl.List(pl.Int32)),
+            pl.Series("completion_text", [decode(c.token_ids) for c in completions], dtype=pl.String),
+            pl.Series("completion_length", [len(c.token_ids) for c in completions], dtype=pl.Int32),
+            pl.Series("truncated", [c.finish_reason == "length" for c in completions], dtype=pl.Boolean),
+            pl.Series("finish_reason", [c.finish_reason for c in completions], dtype=pl.String),
+        )
+        rows = single_turn_columns(rows)
     scores, score_m = score_rows(rows, score_cfg)
     frame = rows.join(scores.select("prompt_id", "sample_idx", "reward", "correct"), on=["prompt_id", "sample_idx"])
     frame = frame.select("prompt_id", "sample_idx", pl.lit(policy_version, dtype=pl.Int64).alias("policy_version"),
-                         "completion_token_ids", "completion_text", "completion_length", "truncated", "reward",
-                         "correct")
+                         "completion_token_ids", "completion_text", "completion_length", "truncated", "finish_reason",
+                         "policy_mask", "num_turns", pl.col("tool_calls").list.len().cast(pl.Int32)
+                         .alias("num_tool_calls"), "reward", "correct")
     metrics = {
         "policy_version": policy_version,
         "num_prompts": frame.height,
@@ -43,4 +54,9 @@ def evaluate_policy(model: Any, prompts: pl.DataFrame, *, cfg: EvaluateConfig, s
         "truncation_rate": float(frame["truncated"].mean()),
         "scorer_errors": score_m["errors"],
     }
+    if multi_turn is not None:
+        metrics.update({"tool_use_rate": float((frame["num_tool_calls"] > 0).mean()),
+                        "turns_mean": float(frame["num_turns"].mean()),
+                        "finish_reasons": {r: int(n) for r, n in
+                                           frame["finish_reason"].value_counts().sort("finish_reason").iter_rows()}})
     return frame, metrics

@@ -1,6 +1,10 @@
 """The generate stage's logic: pick this iteration's prompts, sample G completions each, build the rollout table."""
 from __future__ import annotations
 
+import dataclasses
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -9,6 +13,7 @@ import polars as pl
 from rlpipe.config import GenerateConfig
 from rlpipe.engines.base import Completion, GenerationEngine, PromptRequest, SamplingParams, derive_seed
 from rlpipe.errors import ArtifactError, ConfigError
+from rlpipe.schema import TOOL_CALL
 
 # Domain tags keep the seed streams of different uses apart (prompt choice vs sampling).
 PROMPT_SELECTION_STREAM = 1
@@ -113,22 +118,104 @@ def make_engine(cfg: GenerateConfig, *, engine: str, model_dir: str, eos_token_i
 
 
 def generate_rollouts(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: GenerateConfig, seed: int,
-                      iteration: int, decode: Any, progress: Any = None) -> pl.DataFrame:
+                      iteration: int, decode: Any, progress: Any = None, tokenizer_hash: str = "") -> pl.DataFrame:
     """Sample ``cfg.group_size`` completions for every prompt row; return the rollout table.
 
     ``decode`` turns completion token ids into text (the tokenizer's decode without special tokens).
     ``progress``: optional callback (samples finished per batch), see rlpipe.progress.
+    Multi-turn rollouts (``generate.environment``) go through `generate_multi_turn` instead.
     """
     requests = [
         PromptRequest(prompt_token_ids=tuple(ids), seed=sample_seed(seed, iteration, pid), n=cfg.group_size)
         for pid, ids in zip(prompts["prompt_id"].to_list(), prompts["prompt_token_ids"].to_list())
     ]
     results = engine.generate(requests, sampling_params(cfg), progress=progress)
-    return rollout_frame(prompts, requests, results, iteration=iteration, decode=decode)
+    return rollout_frame(prompts, requests, results, iteration=iteration, decode=decode, tokenizer_hash=tokenizer_hash)
+
+
+def generate_multi_turn(driver: Any, prompts: pl.DataFrame, *, seed: int, iteration: int) -> pl.DataFrame:
+    """Multi-turn rollouts of every prompt row through ``driver`` (`rlpipe.environments.driver.Driver`).
+
+    ``prompts`` needs prompt_id, prompt, prompt_token_ids, answer and metadata (the environment is
+    created with them). Sample seeds are those of single-turn generation.
+    """
+    seeds = [sample_seed(seed, iteration, pid) for pid in prompts["prompt_id"].to_list()]
+    return driver.run(prompts, seeds).with_columns(pl.lit(iteration, dtype=pl.Int64).alias("policy_version"))
+
+
+@dataclass
+class MultiTurnSetup:
+    """What a multi-turn generate run checks before loading weights: the environment class, the chat
+    template (refused by name if it rewrites earlier turns), and where finished chunks are kept."""
+
+    cfg: GenerateConfig
+    env_cls: type
+    renderer: Any
+    tokenizer: Any
+    eos_token_ids: list[int]
+    tokenizer_hash: str
+    resume_dir: Path | None
+
+    def driver(self, engine: GenerationEngine, *, progress: Any = None, sampling: SamplingParams | None = None,
+               group_size: int | None = None, keep_chunks: bool = True) -> Any:
+        """The driver over ``engine``: generate's sampling and group size unless given (evaluate: greedy, 1)."""
+        from rlpipe.environments.driver import Driver
+
+        return Driver(engine, sampling=sampling or sampling_params(self.cfg),
+                      group_size=group_size or self.cfg.group_size, env=self.cfg.environment, env_cls=self.env_cls,
+                      tokenizer=self.tokenizer, renderer=self.renderer, eos_token_ids=self.eos_token_ids,
+                      tokenizer_hash=self.tokenizer_hash, resume_dir=self.resume_dir if keep_chunks else None,
+                      progress=progress)
+
+    def clear(self) -> None:
+        """Drop the kept chunks (once the rollout table is written)."""
+        if self.resume_dir is not None and self.resume_dir.exists():
+            shutil.rmtree(self.resume_dir)
+
+
+def multi_turn_setup(cfg: GenerateConfig, tokenizer: Any, *, eos_token_ids: list[int], source: str,
+                     resume_root: str | None = None, inputs: list[str] = (),
+                     key_params: dict[str, Any] | None = None) -> MultiTurnSetup:
+    """Resolve ``generate.environment`` and check the tokenizer's chat template (ConfigError naming both).
+
+    ``resume_root``: where finished chunks are kept, under a key hashing ``inputs`` (files or
+    directories) and every generate param plus ``key_params``, so that only a rerun of the same
+    work picks them up (None: nothing is kept).
+    """
+    from rlpipe.environments.base import resolve_environment
+    from rlpipe.environments.template import ChatRenderer, tokenizer_hash
+
+    env_cls = resolve_environment(cfg.environment.name, cfg.environment.options)
+    renderer = ChatRenderer(tokenizer, eos_token_ids=eos_token_ids, source=source)
+    resume_dir = None
+    if resume_root is not None:
+        from rlpipe.training.resume import resume_key
+
+        key = resume_key(list(inputs), {"generate": dataclasses.asdict(cfg), **(key_params or {})})
+        resume_dir = Path(resume_root) / f"generate-{key}"
+    return MultiTurnSetup(cfg, env_cls, renderer, tokenizer, list(eos_token_ids), tokenizer_hash(tokenizer),
+                          resume_dir)
+
+
+def single_turn_columns(frame: pl.DataFrame, *, tokenizer_hash: str = "") -> pl.DataFrame:
+    """The multi-turn columns with their single-turn values: every token the policy's, one turn, no tools.
+
+    Why always present: every reader (advantage, train, inspect) then handles both kinds of row the same way.
+    """
+    return frame.with_columns(
+        pl.col("completion_token_ids").list.eval(pl.element().is_not_null()).alias("policy_mask"),
+        pl.lit(1, dtype=pl.Int32).alias("num_turns"),
+        pl.lit([0], dtype=pl.List(pl.Int32)).alias("turn_starts"),
+        pl.lit(None, dtype=pl.List(pl.String)).alias("turn_texts"),
+        pl.lit([None], dtype=pl.List(pl.Float64)).alias("turn_rewards"),
+        pl.lit([], dtype=pl.List(TOOL_CALL)).alias("tool_calls"),
+        pl.lit(None, dtype=pl.String).alias("environment_error"),
+        pl.lit(tokenizer_hash, dtype=pl.String).alias("tokenizer_hash"),
+    )
 
 
 def rollout_frame(prompts: pl.DataFrame, requests: list[PromptRequest], results: list[list[Completion]],
-                  *, iteration: int, decode: Any) -> pl.DataFrame:
+                  *, iteration: int, decode: Any, tokenizer_hash: str = "") -> pl.DataFrame:
     """Flatten engine results into rollout rows (shared by every engine, so all write the same table)."""
     rows: dict[str, list] = {k: [] for k in (
         "prompt_id", "sample_idx", "sample_seed", "prompt_token_ids", "completion_token_ids", "completion_text",
@@ -151,17 +238,36 @@ def rollout_frame(prompts: pl.DataFrame, requests: list[PromptRequest], results:
         "prompt_token_ids": pl.List(pl.Int32), "completion_token_ids": pl.List(pl.Int32),
         "sampler_logprobs": pl.List(pl.Float32), "sample_idx": pl.Int32, "completion_length": pl.Int32,
         "sample_seed": pl.Int64})
-    return frame.with_columns(pl.lit(iteration, dtype=pl.Int64).alias("policy_version"))
+    frame = frame.with_columns(pl.lit(iteration, dtype=pl.Int64).alias("policy_version"))
+    return single_turn_columns(frame, tokenizer_hash=tokenizer_hash)
 
 
-def rollout_metrics(rollouts: pl.DataFrame) -> dict[str, float]:
+def rollout_metrics(rollouts: pl.DataFrame, *, multi_turn: bool = False) -> dict[str, Any]:
+    """The generate stage's metrics; log-prob means over the policy's tokens only (observations have none)."""
     lengths = rollouts["completion_length"]
-    return {
+    policy = rollouts.select(pl.col("sampler_logprobs").explode(), pl.col("policy_mask").explode())
+    sampled = policy.filter(pl.col("policy_mask"))["sampler_logprobs"]
+    out: dict[str, Any] = {
         "num_prompts": rollouts["prompt_id"].n_unique(),
         "num_samples": rollouts.height,
         "completion_tokens": int(lengths.sum()),
         "length_mean": float(lengths.mean()),
         "length_max": int(lengths.max()),
         "truncation_rate": float(rollouts["truncated"].mean()),
-        "sampler_logprob_mean": float(rollouts["sampler_logprobs"].explode().mean()),
+        "sampler_logprob_mean": float(sampled.mean()) if sampled.len() else 0.0,
     }
+    if multi_turn:
+        calls = rollouts["tool_calls"].list.len()
+        reasons = rollouts["finish_reason"].value_counts().sort("finish_reason")
+        statuses = rollouts["tool_calls"].explode().struct.field("status").drop_nulls().value_counts().sort("status")
+        out.update({
+            "policy_tokens": int(sampled.len()),
+            "observation_tokens": int(lengths.sum()) - int(sampled.len()),
+            "turns_mean": float(rollouts["num_turns"].mean()),
+            "turns_max": int(rollouts["num_turns"].max()),
+            "tool_calls_mean": float(calls.mean()),
+            "tool_use_rate": float((calls > 0).mean()),
+            "finish_reasons": {r: int(n) for r, n in reasons.iter_rows()},
+            "tool_call_status": {s: int(n) for s, n in statuses.iter_rows()},
+        })
+    return out

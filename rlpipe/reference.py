@@ -37,12 +37,20 @@ def reference_logprobs(model: Any, rollouts: pl.DataFrame, cfg: ReferenceLogprob
 
 
 def reference_metrics(ref: pl.DataFrame, rollouts: pl.DataFrame) -> dict[str, float]:
-    """Mean ref log-prob and the sampler-vs-reference gap (a KL(pi_old || pi_ref) estimate, k1)."""
+    """Mean ref log-prob and the sampler-vs-reference gap (a KL(pi_old || pi_ref) estimate, k1).
+
+    Every completion token is scored (observation tokens of multi-turn rollouts too: the trainer's
+    forward needs the whole sequence), but the statistics are over the policy's tokens only: an
+    observation token has no sampler log-prob, and it never enters the KL.
+    """
     ref_flat = ref["ref_logprobs"].explode()
-    sampler_flat = rollouts["sampler_logprobs"].explode()
+    policy = rollouts["policy_mask"].explode()
+    sampled_ref = ref_flat.filter(policy)
+    sampler_flat = rollouts["sampler_logprobs"].explode().filter(policy)
     return {
         "num_samples": ref.height,
         "tokens": int(ref_flat.len()),
-        "ref_logprob_mean": float(ref_flat.mean()),
-        "kl_sampler_ref_k1": float((sampler_flat - ref_flat).mean()),
+        "policy_tokens": int(sampled_ref.len()),
+        "ref_logprob_mean": float(sampled_ref.mean()) if sampled_ref.len() else 0.0,
+        "kl_sampler_ref_k1": float((sampler_flat - sampled_ref).mean()) if sampled_ref.len() else 0.0,
     }

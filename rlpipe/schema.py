@@ -9,6 +9,11 @@ Conventions
 - Keys: ``(prompt_id, sample_idx)`` for everything per sample; ``prompt_id`` alone for prompt tables.
 - Per-token columns are lists aligned with ``completion_token_ids`` (one value per generated token,
   the EOS token included when one was produced); their length must equal ``completion_length``.
+- Multi-turn rollouts (docs/multi-turn.md) keep one row per (prompt, sample): the completion is every
+  model turn with the observation tokens between them, in the order the sampler saw them, and
+  ``policy_mask`` says which tokens the policy sampled. Only those carry sampler log-probs and enter
+  the loss, the KL and the entropy. Single-turn rows hold the trivial values (an all-true mask, one
+  turn), so every reader handles both the same way.
 - Log-prob columns say whose they are (sampler / old / ref), never a bare ``logprobs``; all are
   natural-log probabilities of the sampled token computed from ``logits / temperature``.
 - Bump ``SCHEMA_VERSION`` on any incompatible change: readers refuse files of another version.
@@ -19,11 +24,15 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the multi-turn columns of rollouts and eval_rollouts (policy_mask, turns, tools)
 METADATA_KEY = "rlpipe"  # Parquet key-value metadata entry holding {"artifact", "schema_version", ...}
 
 TOKEN_IDS = pl.List(pl.Int32)
 TOKEN_FLOATS = pl.List(pl.Float32)
+TOKEN_MASK = pl.List(pl.Boolean)
+# One record per tool call of a multi-turn rollout (rlpipe.environments.ToolCall).
+TOOL_CALL = pl.Struct({"turn": pl.Int32, "name": pl.String, "arguments": pl.String, "status": pl.String,
+                       "result": pl.String})
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,29 @@ PROMPTS = ArtifactSchema(
     ),
 )
 
+POLICY_MASK = Column(
+    "policy_mask", TOKEN_MASK, "True where the policy sampled the token (it has a sampler log-prob and enters the "
+    "loss, KL and entropy); False on observation tokens (tool results, template tokens between turns).",
+    per_token=True)
+NUM_TURNS = Column("num_turns", pl.Int32, "Model turns in the completion (1 for a single-turn rollout).")
+
+MULTI_TURN_COLUMNS = (
+    POLICY_MASK,
+    NUM_TURNS,
+    Column("turn_starts", pl.List(pl.Int32), "Index in completion_token_ids where each model turn starts ([0] "
+           "single-turn); a turn's policy tokens run from there, its observation follows up to the next start."),
+    Column("turn_texts", pl.List(pl.String), "Decoded text of each model turn (special tokens removed); rewards "
+           "judge the last one. Null for a single-turn rollout, whose one turn is completion_text.", nullable=True),
+    Column("turn_rewards", pl.List(pl.Float64), "The environment's reward after each model turn; null entries where "
+           "it gave none ([null] single-turn)."),
+    Column("tool_calls", pl.List(TOOL_CALL), "Every tool call: turn, tool name, arguments (JSON), status (ok, "
+           "parse_error, unknown_tool, bad_arguments, error, timeout) and the result shown to the model."),
+    Column("environment_error", pl.String, "What went wrong, for finish_reason tool_error or infra_error (an "
+           "infra_error is never the model's fault: score makes it a row error, not a reward).", nullable=True),
+    Column("tokenizer_hash", pl.String, "Hash of the sampler's tokenizer and chat template (16 hex digits): the "
+           "vocabulary of the ids and the template that rendered the observations."),
+)
+
 ROLLOUTS = ArtifactSchema(
     name="rollouts",
     owner="generate",
@@ -103,8 +135,11 @@ ROLLOUTS = ArtifactSchema(
         Column("completion_length", pl.Int32, "Number of generated tokens (= length of every per-token list)."),
         Column("sampler_logprobs", TOKEN_FLOATS, "log pi_sampler of each generated token, as the engine reported it.",
                per_token=True),
-        Column("finish_reason", pl.String, "'stop' (EOS produced) or 'length' (hit max_new_tokens)."),
-        Column("truncated", pl.Boolean, "True when the completion hit max_new_tokens without EOS."),
+        Column("finish_reason", pl.String, "'stop' (EOS produced) or 'length' (hit max_new_tokens); multi-turn: "
+               "'done', 'max_turns', 'max_tokens', 'tool_error' or 'infra_error' (docs/multi-turn.md)."),
+        Column("truncated", pl.Boolean, "True when the completion hit a token limit without EOS (max_new_tokens; "
+               "multi-turn: the turn's or the rollout's total, generate.environment.max_total_tokens)."),
+        *MULTI_TURN_COLUMNS,
     ),
 )
 
@@ -204,6 +239,10 @@ EVAL_ROLLOUTS = ArtifactSchema(
         Column("completion_text", pl.String, "Decoded completion, special tokens removed."),
         Column("completion_length", pl.Int32, "Number of generated tokens."),
         Column("truncated", pl.Boolean, "True when the completion hit max_new_tokens without EOS."),
+        Column("finish_reason", pl.String, "As in rollouts: 'stop'/'length', or a multi-turn finish reason."),
+        POLICY_MASK,
+        NUM_TURNS,
+        Column("num_tool_calls", pl.Int32, "Tool calls in the rollout (0 single-turn)."),
         Column("reward", pl.Float64, "Weighted reward under the score stage's reward functions."),
         Column("correct", pl.Boolean, "Exact answer; null when the prompt has no answer.", nullable=True),
     ),

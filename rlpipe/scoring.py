@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Iterator
 import polars as pl
 
 from rlpipe.config import RewardEntry, ScoreConfig
-from rlpipe.errors import ConfigError, RlpipeError, ScoringError
+from rlpipe.errors import ConfigError, InfrastructureError, RlpipeError, ScoringError
 from rlpipe.rewards.functions import Sample
 from rlpipe.rewards.registry import (RewardSpec, batch_values, component_columns, is_batch_reward, prepare_rewards,
                                      score_sample_details)
@@ -114,10 +114,13 @@ def score_rows(rows: pl.DataFrame, cfg: ScoreConfig, *, progress: Any = None) ->
 
 
 def _sample(row: dict[str, Any]) -> Sample:
-    return Sample(prompt=row["prompt"], completion=row["completion_text"], answer=row["answer"],
-                  metadata=json.loads(row["metadata"]) if row["metadata"] else {},
+    """A reward's view of a row; a multi-turn rollout is judged on its final model turn (``turns[-1]``)."""
+    turns = row.get("turn_texts")
+    return Sample(prompt=row["prompt"], completion=turns[-1] if turns else row["completion_text"],
+                  answer=row["answer"], metadata=json.loads(row["metadata"]) if row["metadata"] else {},
                   completion_tokens=row["completion_length"], truncated=row["truncated"],
-                  prompt_token_ids=row.get("prompt_token_ids"), completion_token_ids=row.get("completion_token_ids"))
+                  prompt_token_ids=row.get("prompt_token_ids"), completion_token_ids=row.get("completion_token_ids"),
+                  turns=turns, tool_calls=row.get("tool_calls"), turn_rewards=row.get("turn_rewards"))
 
 
 def _batch_rewards(rows: pl.DataFrame, specs: list[RewardSpec], fns: Any) -> dict[str, list[float | Exception]]:
@@ -145,6 +148,8 @@ def _score_row(item: tuple[int, dict[str, Any]], specs: list[RewardSpec], fns: A
     ``item`` is (row index, row); ``precomputed`` holds the batch rewards' values of every row.
     """
     i, row = item
+    if row.get("finish_reason") == "infra_error":  # the environment failed, not the model: never a reward
+        return InfrastructureError(row.get("environment_error") or "the rollout's environment failed")
     sample = _sample(row)
     args = (sample, specs, fns, {name: values[i] for name, values in precomputed.items()})
     if timeout_s is None:

@@ -37,7 +37,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         roll = read_artifact(rollouts, ROLLOUTS)
         rows = join_on_keys(roll, read_artifact(scores, SCORES), columns=["reward"])
         check_finite_rewards(rows, scores)
-        wanted = ["prompt_id", "sample_idx", "reward", "completion_length", "truncated"]
+        wanted = ["prompt_id", "sample_idx", "reward", "completion_length", "truncated", "policy_mask",
+                  "finish_reason"]
         if cfg.uses_token_rewards:
             rows = join_on_keys(roll.with_frame(rows),
                                 read_artifact(_need(ref_logprobs, "--ref-logprobs", cfg.estimator), REF_LOGPROBS),

@@ -1,4 +1,5 @@
-"""DVC stage `evaluate`: held-out accuracy of the trained policy (greedy decoding).
+"""DVC stage `evaluate`: held-out accuracy of the trained policy (greedy decoding; multi-turn with the
+environment of generate.environment when one is set).
 
     python stages/evaluate.py --params params.yaml --prompts EVAL.parquet --policy CHECKPOINT \
         --out eval_rollouts.parquet --metrics metrics/evaluate.json
@@ -9,7 +10,7 @@ import typer
 
 from rlpipe.config import load_params
 from rlpipe.evaluate import evaluate_policy
-from rlpipe.generate import check_context
+from rlpipe.generate import check_context, multi_turn_setup
 from rlpipe.io import read_artifact, write_artifact
 from rlpipe.models import (eos_token_ids, load_model, load_tokenizer, read_model_config, read_policy_version,
                            setup_torch)
@@ -33,16 +34,22 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     with timer.phase("read"):
         table = read_artifact(prompts, PROMPTS).frame
         tokenizer = load_tokenizer(policy)
-        check_context(table, max_new_tokens=cfg.max_new_tokens, source=prompts, setting="evaluate.max_new_tokens",
+        env = p.generate.environment
+        check_context(table, max_new_tokens=env.max_total_tokens if env.multi_turn else cfg.max_new_tokens,
+                      source=prompts,
+                      setting="generate.environment.max_total_tokens" if env.multi_turn else "evaluate.max_new_tokens",
                       context_length=getattr(read_model_config(policy), "max_position_embeddings", None))
         model = load_model(policy, device=cfg.device, dtype=cfg.dtype)
+        eos = eos_token_ids(model, tokenizer)
+        # multi-turn (generate.environment): greedy turns with the same environment and limits as generate
+        setup = multi_turn_setup(p.generate, tokenizer, eos_token_ids=eos, source=policy) if env.multi_turn else None
     version = read_policy_version(policy)
     with timer.phase("compute"):
         frame, m = evaluate_policy(model, table, cfg=cfg, score_cfg=p.score,
-                                   eos_token_ids=eos_token_ids(model, tokenizer),
-                                   pad_token_id=tokenizer.pad_token_id,
+                                   eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id,
                                    policy_version=-1 if version is None else version,
-                                   decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+                                   decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                                   multi_turn=setup)
     with timer.phase("write"):
         write_artifact(frame, out, EVAL_ROLLOUTS, metadata={"policy_version": version})
     stage.write_metrics(metrics, "evaluate", m, timer)

@@ -2,6 +2,10 @@
 
     python stages/generate.py --params params.yaml --prompts P.parquet --policy MODEL_DIR \
         --out rollouts.parquet --metrics metrics/generate.json
+
+With ``generate.environment.name`` set the rollouts are multi-turn (docs/multi-turn.md): an
+environment answers each model turn, and finished chunks are kept under --resume-root so that a
+killed stage resumes where it was.
 """
 import rlpipe.stage as stage  # first: starts the stage clock
 
@@ -9,11 +13,12 @@ import typer
 
 from rlpipe.config import load_params
 from rlpipe.errors import ArtifactError
-from rlpipe.generate import (check_context, choose_engine, generate_rollouts, make_engine, rollout_metrics,
-                             select_prompts)
+from rlpipe.generate import (check_context, choose_engine, generate_multi_turn, generate_rollouts, make_engine,
+                             multi_turn_setup, rollout_metrics, select_prompts)
 from rlpipe.io import read_artifact, write_artifact
 from rlpipe.models import (load_tokenizer, model_eos_token_ids, read_model_config, read_policy_version,
                            setup_torch)
+from rlpipe.environments.template import tokenizer_hash
 from rlpipe.progress import stage_progress
 from rlpipe.schema import PROMPTS, ROLLOUTS
 
@@ -26,7 +31,9 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
          prompts: str = typer.Option(..., help="prompt table (prepare's train_prompts)"),
          policy: str = typer.Option(..., help="model directory of the sampling policy"),
          out: str = typer.Option(..., help="rollout table to write"),
-         metrics: str = typer.Option(..., help="metrics JSON to write")) -> None:
+         metrics: str = typer.Option(..., help="metrics JSON to write"),
+         resume_root: str = typer.Option(".rlpipe/resume", help="where a killed multi-turn run's chunks are kept")
+         ) -> None:
     timer = stage.PhaseTimer()
     with timer.phase("setup"):
         p = load_params(params)
@@ -40,25 +47,42 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         table = select_prompts(read_artifact(prompts, PROMPTS).frame, count=cfg.prompts_per_iteration,
                                seed=p.seed, iteration=p.iteration)
         tokenizer = load_tokenizer(policy)
-        check_context(table, max_new_tokens=cfg.max_new_tokens, source=prompts, setting="generate.max_new_tokens",
+        multi = cfg.environment.multi_turn
+        check_context(table, max_new_tokens=cfg.max_completion_tokens, source=prompts,
+                      setting="generate.environment.max_total_tokens" if multi else "generate.max_new_tokens",
                       context_length=getattr(read_model_config(policy), "max_position_embeddings", None))
+        eos = model_eos_token_ids(policy, tokenizer)
+        # multi-turn: the environment and the chat template are checked before any weight is loaded
+        setup = multi_turn_setup(cfg, tokenizer, eos_token_ids=eos, source=policy,
+                                 resume_root=resume_root, inputs=[prompts, policy],
+                                 key_params={"seed": p.seed, "iteration": p.iteration,
+                                             "torch_threads": p.torch_threads}) if multi else None
         # Loads the weights (hf: here, with transformers; vllm: in its own workers, so CUDA stays
         # uninitialised in this process until then).
         engine = make_engine(cfg, engine=choose_engine(cfg), model_dir=policy,
-                             eos_token_ids=model_eos_token_ids(policy, tokenizer), pad_token_id=tokenizer.pad_token_id)
+                             eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
     with timer.phase("compute"):
         with stage_progress("generate", total=table.height * cfg.group_size, unit="samples") as advance:
-            rollouts = generate_rollouts(engine, table, cfg=cfg, seed=p.seed, iteration=p.iteration,
-                                         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                                         progress=advance)
+            if multi:
+                driver = setup.driver(engine, progress=advance)
+                rollouts = generate_multi_turn(driver, table, seed=p.seed, iteration=p.iteration)
+            else:
+                rollouts = generate_rollouts(engine, table, cfg=cfg, seed=p.seed, iteration=p.iteration,
+                                             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                                             progress=advance, tokenizer_hash=tokenizer_hash(tokenizer))
         if hasattr(engine, "close"):
             engine.close()  # vllm: stop its worker processes here; stage.run ends with os._exit
     with timer.phase("write"):
         sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
                     "max_new_tokens": cfg.max_new_tokens, "group_size": cfg.group_size}
+        extra = {"environment": cfg.environment.name} if multi else {}
         write_artifact(rollouts, out, ROLLOUTS, metadata={"policy_version": p.iteration, "sampling": sampling,
-                                                          "engine": engine.name})
-    m = rollout_metrics(rollouts)
+                                                          "engine": engine.name, **extra})
+        if multi:
+            setup.clear()
+    m = rollout_metrics(rollouts, multi_turn=multi)
+    if multi:
+        m["resumed_chunks"] = driver.resumed_chunks
     stage.write_metrics(metrics, "generate", {**m, "engine": engine.name, "policy_version": p.iteration}, timer)
     stage.summary_line("generate", rows=m["num_samples"], tokens=m["completion_tokens"],
                        seconds=timer.report()["total"], truncation_rate=round(m["truncation_rate"], 3))

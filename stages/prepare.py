@@ -51,7 +51,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
             pref_rows = make_preference_rows(train_rows, num_pairs=cfg.tiny.num_preference_pairs,
                                              seed=derive_seed(p.seed, PREFERENCE_STREAM))
         m.update(tiny_metrics)
-        chat = False
+        chat = bool(getattr(tokenizer, "chat_template", None))  # the calculator task has its own template
         sources = ("tiny task (train)", "tiny task (eval)")
         pref_source = "tiny task (preferences)"
     else:

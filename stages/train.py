@@ -89,6 +89,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
                           "estimator": p.advantage.estimator,
                           "torch_threads": p.torch_threads, "temperature": p.generate.temperature,
                           "max_new_tokens": p.generate.max_new_tokens,
+                          "max_completion_tokens": p.generate.max_completion_tokens,
                           **({"world_size": dist.world_size} if dist else {})})
         state_dir = resume_dir(resume_root, key)
         state = load_state(state_dir)
@@ -96,7 +97,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         with stage_progress("train", total=total, unit="steps") as advance:
             result = train_policy(model, data, cfg, temperature=p.generate.temperature,
                                   pad_token_id=tokenizer.pad_token_id, seed=p.seed, iteration=p.iteration,
-                                  max_length=p.generate.max_new_tokens, critic=critic_model, progress=advance,
+                                  max_length=p.generate.max_completion_tokens, critic=critic_model, progress=advance,
                                   resume=state, save_state=lambda st: save_state(state_dir, st) if writes else None,
                                   dist=sharded)
     with timer.phase("write"):

@@ -40,6 +40,7 @@ __all__ = [
     "digit_match",
     "format_regex",
     "length_penalty",
+    "environment_reward",
     "REWARD_FUNCTIONS",
 ]
 
@@ -49,13 +50,17 @@ class Sample:
     """What one reward call sees: one decoded completion and its prompt's fields."""
 
     prompt: str  # decoded prompt text
-    completion: str  # decoded completion text, EOS and special tokens stripped
+    completion: str  # decoded completion text, EOS and special tokens stripped; multi-turn: the final model turn
     answer: str | None  # ground truth from the prompt file; None when the file has none
     metadata: dict  # extra per-prompt fields (parsed JSON); {} when there are none
     completion_tokens: int  # number of generated tokens
     truncated: bool  # hit max_new_tokens without emitting EOS
     prompt_token_ids: Sequence[int] | None = None  # tokens the sampler conditioned on; None where not known
     completion_token_ids: Sequence[int] | None = None  # generated tokens, EOS included; None where not known
+    # Multi-turn rollouts (docs/multi-turn.md); None for single-turn ones.
+    turns: Sequence[str] | None = None  # every model turn's text, the last being `completion`
+    tool_calls: Sequence[dict] | None = None  # {turn, name, arguments, status, result} per tool call
+    turn_rewards: Sequence[float | None] | None = None  # the environment's reward after each turn (None: none given)
 
 
 @dataclass(frozen=True)
@@ -274,6 +279,20 @@ def length_penalty(sample: Sample, *, max_tokens: int, buffer_tokens: int) -> fl
     return (free_until - length) / buffer_tokens
 
 
+def environment_reward(sample: Sample) -> float:
+    """The sum of the rewards a multi-turn rollout's environment gave per turn (0 when it gave none).
+
+    Why a reward function: per-turn rewards live in the rollout table (``turn_rewards``); listing this
+    under ``score.rewards`` with a weight makes them part of the total, like any other component.
+
+    >>> environment_reward(Sample("Q", "A", None, {}, 3, False, turn_rewards=[0.5, None, 0.25]))
+    0.75
+    >>> environment_reward(Sample("Q", "A", None, {}, 3, False))
+    0.0
+    """
+    return float(sum(r for r in sample.turn_rewards or () if r is not None))
+
+
 # Imported here, after Sample, RewardResult and batch_reward exist: these modules import them from this one.
 from rlpipe.rewards.model_reward import reward_model  # noqa: E402
 from rlpipe.rewards.sandbox import code_tests  # noqa: E402
@@ -283,6 +302,7 @@ REWARD_FUNCTIONS: dict[str, Callable[..., float | RewardResult]] = {
     "digit_match": digit_match,
     "format_regex": format_regex,
     "length_penalty": length_penalty,
+    "environment_reward": environment_reward,
     "code_tests": code_tests,
     "reward_model": reward_model,
 }

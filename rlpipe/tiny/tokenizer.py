@@ -18,8 +18,11 @@ PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 
 
-def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
+def build_char_tokenizer(alphabet: str, *, extra_special_tokens: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
     """One token per character of ``alphabet`` plus <pad>=0, <bos>=1, <eos>=2, <unk>=3.
+
+    ``extra_special_tokens`` (e.g. chat role markers) get the ids after <unk>, in the given order,
+    each one token wherever it appears in a text; decoding without special tokens drops them.
 
     Encoding prepends <bos> (a template post-processor), so ``tokenizer(prompt)`` gives what the
     model was trained on; <eos> is never added by encoding: the model must produce it.
@@ -29,7 +32,7 @@ def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
     chars = sorted(set(alphabet))
     if not chars:
         raise ValueError("alphabet must contain at least one character")
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(extra_special_tokens))}
     for ch in chars:
         vocab[ch] = len(vocab)
 
@@ -50,4 +53,5 @@ def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
         unk_token=UNK,
         padding_side="left",
         clean_up_tokenization_spaces=False,
+        **({"additional_special_tokens": list(extra_special_tokens)} if extra_special_tokens else {}),
     )

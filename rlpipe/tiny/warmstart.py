@@ -31,18 +31,23 @@ def encode_supervised(
 
 
 def collate_supervised(
-    pairs: list[tuple[list[int], list[int]]], pad_token_id: int
+    pairs: list[tuple[list[int], list[int]] | tuple[list[int], list[int], list[bool]]], pad_token_id: int
 ) -> dict[str, torch.Tensor]:
-    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (answer tokens only), each [B, T]."""
-    width = max(len(p) + len(a) for p, a in pairs)
+    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (answer tokens only), each [B, T].
+
+    A pair may carry a third element, a mask over its answer tokens: tokens where it is False (the
+    observations of a multi-turn example) are context, not labels.
+    """
+    width = max(len(p[0]) + len(p[1]) for p in pairs)
     input_ids = torch.full((len(pairs), width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((len(pairs), width), dtype=torch.long)
     labels = torch.full((len(pairs), width), IGNORE_INDEX, dtype=torch.long)
-    for i, (prompt_ids, answer_ids) in enumerate(pairs):
+    for i, (prompt_ids, answer_ids, *mask) in enumerate(pairs):
         n_p, n = len(prompt_ids), len(prompt_ids) + len(answer_ids)
-        input_ids[i, :n] = torch.tensor(prompt_ids + answer_ids)
+        input_ids[i, :n] = torch.tensor(list(prompt_ids) + list(answer_ids))
         attention_mask[i, :n] = 1
-        labels[i, n_p:n] = torch.tensor(answer_ids)
+        answer = torch.tensor(answer_ids)
+        labels[i, n_p:n] = answer if not mask else torch.where(torch.tensor(mask[0]), answer, IGNORE_INDEX)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
@@ -71,9 +76,28 @@ def warm_start(
     The loss is the token mean over the batch's answer tokens. Returns metrics: losses at the
     start and end (means over the first and last 10% of steps), epochs, seconds.
     """
-    if steps < 1 or batch_size < 1 or not rows:
+    if not rows:
+        raise ValueError("warm_start needs at least one row")
+    return warm_start_encoded(model, encode_supervised(tokenizer, rows), pad_token_id=tokenizer.pad_token_id,
+                              steps=steps, batch_size=batch_size, lr=lr, seed=seed)
+
+
+def warm_start_encoded(
+    model: PreTrainedModel,
+    pairs: list[tuple],
+    *,
+    pad_token_id: int,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+) -> dict[str, float]:
+    """`warm_start` on already tokenized (prompt ids, completion ids[, completion mask]) examples.
+
+    The mask (multi-turn examples) keeps observation tokens out of the loss, as in RL training.
+    """
+    if steps < 1 or batch_size < 1 or not pairs:
         raise ValueError("warm_start needs steps >= 1, batch_size >= 1 and at least one row")
-    pairs = encode_supervised(tokenizer, rows)
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 10)
@@ -85,7 +109,7 @@ def warm_start(
     for step in range(steps):
         if cursor + batch_size > len(order):
             order, cursor = torch.randperm(len(pairs), generator=generator), 0
-        batch = collate_supervised([pairs[i] for i in order[cursor : cursor + batch_size].tolist()], tokenizer.pad_token_id)
+        batch = collate_supervised([pairs[i] for i in order[cursor : cursor + batch_size].tolist()], pad_token_id)
         cursor += batch_size
         for group in optimizer.param_groups:
             group["lr"] = warmup_cosine_lr(step, steps=steps, lr=lr, warmup=warmup)

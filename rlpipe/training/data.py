@@ -42,6 +42,12 @@ def _floats(frame: pl.DataFrame, column: str) -> list[np.ndarray]:
     return [np.asarray(x, dtype=np.float32) for x in frame[column].to_list()]
 
 
+def _policy_masks(frame: pl.DataFrame) -> list[np.ndarray] | None:
+    """Per row, which completion tokens the policy sampled; None when every token is (single-turn)."""
+    masks = [np.asarray(x, dtype=bool) for x in frame["policy_mask"].to_list()]
+    return None if all(m.all() for m in masks) else masks
+
+
 def training_data(frame: pl.DataFrame) -> TrainingData:
     token_adv = _floats(frame, "token_advantages")
     # off-policy masking needs the sign of A_i; token-level estimators have none, so their mean stands in
@@ -55,7 +61,9 @@ def training_data(frame: pl.DataFrame) -> TrainingData:
         ref_logprobs=_floats(frame, "ref_logprobs"),
         sampler_logprobs=_floats(frame, "sampler_logprobs"),
         sequence_advantages=seq_adv,
-        trainable=(frame["filtered_reason"].is_null() & (frame["completion_length"] > 0)).to_numpy(),
+        trainable=(frame["filtered_reason"].is_null()
+                   & (frame["policy_mask"].list.sum().fill_null(0) > 0)).to_numpy(),
+        policy_mask=_policy_masks(frame),
         old_values=_floats(frame, "values") if with_critic else None,
         returns=_floats(frame, "returns") if with_critic else None,
     )

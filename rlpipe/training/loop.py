@@ -238,7 +238,7 @@ def _optimizer_step(model, critic, optimizers, data, minibatch, cfg, *, temperat
     of the micro-batches (a zero-weighted pass where it has one fewer; FSDP's reduce-scatters must
     stay in step) and the decision is taken on every micro-batch's loss, gathered from all ranks.
     """
-    lengths = [len(data.completion_token_ids[i]) for i in minibatch]
+    lengths = [data.policy_tokens(i) for i in minibatch]  # the loss's tokens: a multi-turn row's policy tokens
     step_tokens = int(sum(lengths))
     step_sequences = int(sum(1 for n in lengths if n > 0))
     micro_batches = cut_micro_batches(minibatch, data, cfg)
@@ -306,8 +306,11 @@ def _summary(steps, data: TrainingData, old, new, old_entropy) -> dict[str, Any]
         return float(np.mean([s[key] for s in steps])) if steps else 0.0
 
     mask = data.trainable
-    flat = lambda rows: np.concatenate([rows[i] for i in np.flatnonzero(mask)]) if mask.any() else np.zeros(0)  # noqa: E731
+    flat = lambda rows: (np.concatenate([data.policy_values(rows, i) for i in np.flatnonzero(mask)])  # noqa: E731
+                         if mask.any() else np.zeros(0))
     delta = flat(new) - flat(old)
+    entropy = (np.concatenate([data.policy_values(old_entropy, i) for i in range(len(old_entropy))])
+               if old_entropy else np.zeros(0))
     return {
         "optimizer_steps": len(steps),
         "trained_sequences": int(mask.sum()),
@@ -319,7 +322,7 @@ def _summary(steps, data: TrainingData, old, new, old_entropy) -> dict[str, Any]
         "grad_norm_max": max((s["grad_norm"] for s in steps), default=0.0),
         "ratio_min": min((s["ratio_min"] for s in steps), default=1.0),
         "ratio_max": max((s["ratio_max"] for s in steps), default=1.0),
-        "entropy_old": float(np.concatenate(old_entropy).mean()) if old_entropy else 0.0,
+        "entropy_old": float(entropy.mean()) if entropy.size else 0.0,
         "logprob_change_mean": float(delta.mean()) if delta.size else 0.0,
         # the same k3 estimate as approx_kl (r = pi_new / pi_old), after the last step
         "final_kl_old": float(np.mean(np.exp(delta) - 1 - delta)) if delta.size else 0.0,

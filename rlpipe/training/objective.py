@@ -45,6 +45,17 @@ class TrainingData:
     old_values: list[np.ndarray] | None = None  # gae: V_old from the values stage
     returns: list[np.ndarray] | None = None  # gae: critic targets R_t
     old_logprobs: list[np.ndarray] | None = None  # filled by the loop: the trainer's recomputed log pi_old
+    # multi-turn: per row, which completion tokens the policy sampled (observation tokens are False);
+    # None when every token is the policy's (single-turn)
+    policy_mask: list[np.ndarray] | None = None
+
+    def policy_tokens(self, i: int) -> int:
+        """Tokens of sequence i that enter the loss (its policy tokens)."""
+        return len(self.completion_token_ids[i]) if self.policy_mask is None else int(self.policy_mask[i].sum())
+
+    def policy_values(self, rows: Sequence[np.ndarray], i: int) -> np.ndarray:
+        """Row i of a per-token list, at the policy's tokens only."""
+        return np.asarray(rows[i]) if self.policy_mask is None else np.asarray(rows[i])[self.policy_mask[i]]
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,8 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
     width, device = logp_BC.shape[1], logp_BC.device
     lengths_B = to_device(torch.tensor(batch.completion_lengths), device)
     mask_BC = torch.arange(width, device=device)[None, :] < lengths_B[:, None]
+    if data.policy_mask is not None:  # multi-turn: observation tokens are outside the loss, KL, entropy, corrections
+        mask_BC = mask_BC & pad_rows([data.policy_mask[i] for i in idx], width, device).bool()
     rows = lambda name: pad_rows([getattr(data, name)[i] for i in idx], width, device)  # noqa: E731
     old_BC, adv_BC, ref_BC = rows("old_logprobs"), rows("token_advantages"), rows("ref_logprobs")
     norm = norm_for(mask_BC)

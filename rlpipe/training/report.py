@@ -48,9 +48,12 @@ def sampler_mismatch(frame: pl.DataFrame, old_logprobs: list[np.ndarray]) -> dic
 
     ALGORITHMS.md asks for this every iteration: numerics (bf16, kernels) and top-k/top-p
     renormalisation make them differ; a jump means the engines disagree.
+    Only the policy's tokens count: an observation token of a multi-turn rollout has no sampler log-prob.
     """
-    sampler = np.concatenate([np.asarray(x, dtype=np.float64) for x in frame["sampler_logprobs"].to_list()] or [[]])
-    old = np.concatenate([np.asarray(x, dtype=np.float64) for x in old_logprobs] or [[]])
+    masks = [np.asarray(m, dtype=bool) for m in frame["policy_mask"].to_list()]
+    sampler = np.concatenate([np.asarray(x, dtype=np.float64)[m] for x, m in
+                              zip(frame["sampler_logprobs"].to_list(), masks)] or [[]])
+    old = np.concatenate([np.asarray(x, dtype=np.float64)[m] for x, m in zip(old_logprobs, masks)] or [[]])
     if sampler.size == 0:
         return {"sampler_mismatch_mean_abs": 0.0, "sampler_mismatch_max_abs": 0.0}
     diff = np.abs(old - sampler)
