@@ -141,6 +141,8 @@ def _kind(dtype: pl.DataType) -> str:
         return "float"
     if isinstance(dtype, pl.List):
         return "list[" + _kind(dtype.inner) + "]"
+    if isinstance(dtype, pl.Struct):
+        return "struct{" + ",".join(f"{f.name}:{_kind(f.dtype)}" for f in dtype.fields) + "}"
     return str(dtype)
 
 

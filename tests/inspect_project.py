@@ -16,6 +16,7 @@ from pathlib import Path
 import polars as pl
 import yaml
 
+from rlpipe.generate import single_turn_columns
 from rlpipe.io import write_artifact, write_json
 from rlpipe.schema import (ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS)
 
@@ -54,7 +55,8 @@ def eval_frame(correct: list[bool], version: int) -> pl.DataFrame:
         "prompt_id": list(range(4)), "sample_idx": [0] * 4, "policy_version": [version] * 4,
         "completion_token_ids": [ids(t, eos=True) for t in texts], "completion_text": texts,
         "completion_length": [len(t) + 1 for t in texts], "truncated": [False] * 4,
-        "reward": [1.5 if ok else 0.0 for ok in correct], "correct": correct})
+        "finish_reason": ["stop"] * 4, "policy_mask": [[True] * (len(t) + 1) for t in texts], "num_turns": [1] * 4,
+        "num_tool_calls": [0] * 4, "reward": [1.5 if ok else 0.0 for ok in correct], "correct": correct})
 
 
 def make_project(root: Path, *, eval_correct: list[bool] = (True, False, False, True), version: int = 0,
@@ -70,12 +72,12 @@ def make_project(root: Path, *, eval_correct: list[bool] = (True, False, False, 
     meta = {"policy_version": version}
     write_artifact(_prompts(["1+1=", "2+3=", "4+4="], ["2", "5", "8"]), a("train_prompts"), PROMPTS)
     write_artifact(_prompts(EVAL_PROMPTS, EVAL_ANSWERS), a("eval_prompts"), PROMPTS)
-    write_artifact(pl.DataFrame({
+    write_artifact(single_turn_columns(pl.DataFrame({
         "prompt_id": pid, "sample_idx": sidx, "policy_version": [version] * 6, "sample_seed": list(range(6)),
         "prompt_token_ids": [[1, *ids(p, eos=False)] for p in ["1+1="] * 2 + ["2+3="] * 2 + ["4+4="] * 2],
         "completion_token_ids": tokens, "completion_text": TEXTS, "completion_length": [2] * 6,
         "sampler_logprobs": SAMPLER, "finish_reason": ["length" if len(t) == 2 else "stop" for t in TEXTS],
-        "truncated": [len(t) == 2 for t in TEXTS]}), a("rollouts"), ROLLOUTS, metadata=meta)
+        "truncated": [len(t) == 2 for t in TEXTS]})), a("rollouts"), ROLLOUTS, metadata=meta)
     write_artifact(pl.DataFrame({
         "prompt_id": pid, "sample_idx": sidx, "reward": REWARDS, "correct": CORRECT,
         "score_error": [None, None, None, None, "ValueError: boom", None],

@@ -63,7 +63,7 @@ def test_dapo_filters_mark_rows_instead_of_dropping_them():
     assert frame["filtered_reason"].to_list() == [None, "truncated", None, None, "zero_variance_group",
                                                   "zero_variance_group", "zero_variance_group"]
     assert metrics["num_trained"] == 3
-    assert metrics["filtered"] == {"zero_variance_group": 3, "truncated": 1}
+    assert metrics["filtered"] == {"zero_variance_group": 3, "truncated": 1, "infra_error": 0}
 
 
 def test_dr_grpo_and_rloo_by_name():

@@ -20,6 +20,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from rlpipe import io
+from rlpipe.generate import single_turn_columns
 from rlpipe.errors import ArtifactError
 from rlpipe.schema import (
     ADVANTAGES,
@@ -58,8 +59,14 @@ def prompts_frame() -> pl.DataFrame:
     )
 
 
+SINGLE_TURN_INPUTS = ("prompt_id", "sample_idx", "policy_version", "sample_seed", "prompt_token_ids",
+                      "completion_token_ids", "completion_text", "completion_length", "sampler_logprobs",
+                      "finish_reason", "truncated")
+
+
 def rollouts_frame() -> pl.DataFrame:
-    return pl.DataFrame(
+    """Single-turn rollouts: the multi-turn columns hold their trivial values (generate.single_turn_columns)."""
+    return single_turn_columns(pl.DataFrame(
         {
             **KEYS,
             "policy_version": [0, 0, 0, 0],
@@ -72,8 +79,8 @@ def rollouts_frame() -> pl.DataFrame:
             "finish_reason": ["stop", "stop", "stop", "length"],
             "truncated": [False, False, False, True],
         },
-        schema=ROLLOUTS.polars_schema(),
-    )
+        schema={k: v for k, v in ROLLOUTS.polars_schema().items() if k in SINGLE_TURN_INPUTS},
+    ), tokenizer_hash="0123456789abcdef").select(ROLLOUTS.column_names)
 
 
 def scores_frame() -> pl.DataFrame:
@@ -145,6 +152,10 @@ def eval_rollouts_frame() -> pl.DataFrame:
             "completion_text": ["5", "", "55", "222"],
             "completion_length": LENGTHS,
             "truncated": [False, False, False, True],
+            "finish_reason": ["stop", "stop", "stop", "length"],
+            "policy_mask": [[True, True], [True], [True, True, True], [True, True, True]],
+            "num_turns": [1, 1, 1, 1],
+            "num_tool_calls": [0, 0, 0, 0],
             "reward": [1.0, 0.0, 0.5, 0.0],
             "correct": [True, False, None, False],
         },
@@ -697,16 +708,17 @@ KILLED_WRITER = textwrap.dedent("""
     from pathlib import Path
     import polars as pl
     import pyarrow.parquet as pq
+    from rlpipe.generate import single_turn_columns
     from rlpipe.io import write_artifact
     from rlpipe.schema import ROLLOUTS
 
     n = 5000
-    df = pl.DataFrame({
+    df = single_turn_columns(pl.DataFrame({
         "prompt_id": list(range(n)), "sample_idx": [0] * n, "policy_version": [0] * n,
         "sample_seed": list(range(n)), "prompt_token_ids": [[1, 2, 3]] * n,
         "completion_token_ids": [[4, 5]] * n, "completion_text": ["xy"] * n, "completion_length": [2] * n,
         "sampler_logprobs": [[-0.5, -1.0]] * n, "finish_reason": ["stop"] * n, "truncated": [False] * n,
-    })
+    }))
     real = pq.write_table
 
     def slow_write(table, where, **kwargs):

@@ -12,6 +12,8 @@ from rlpipe.schema import (
     SCORES,
     TOKEN_FLOATS,
     TOKEN_IDS,
+    TOKEN_MASK,
+    TOOL_CALL,
     ArtifactSchema,
     get_schema,
 )
@@ -60,7 +62,7 @@ def test_per_token_columns_are_token_lists(name):
     schema = ARTIFACTS[name]
     for col in schema.columns:
         if col.per_token:
-            assert col.dtype in (TOKEN_FLOATS, TOKEN_IDS), f"{name}.{col.name}: {col.dtype}"
+            assert col.dtype in (TOKEN_FLOATS, TOKEN_IDS, TOKEN_MASK), f"{name}.{col.name}: {col.dtype}"
         if col.name.endswith("logprobs"):
             assert col.per_token and col.dtype == pl.List(pl.Float32)
         if col.name.endswith("token_ids"):
@@ -94,6 +96,14 @@ def _value(dtype: pl.DataType, row: int, length: int):
         return [row + t for t in range(length)]
     if dtype == pl.List(pl.Float32):
         return [-0.5 * (t + 1) for t in range(length)]
+    if dtype == TOKEN_MASK:
+        return [t % 2 == 0 for t in range(length)]
+    if dtype == pl.List(pl.String):
+        return [f"turn {row}"]
+    if dtype == pl.List(pl.Float64):
+        return [0.5 * row, None]
+    if dtype == pl.List(TOOL_CALL):
+        return [{"turn": 0, "name": "add", "arguments": '{"a": 1}', "status": "ok", "result": str(row)}][:row]
     if dtype == pl.Boolean:
         return row % 2 == 0
     if dtype == pl.String:

@@ -11,6 +11,7 @@ from rlpipe.rewards.functions import (
     REWARD_FUNCTIONS,
     Sample,
     digit_match,
+    environment_reward,
     exact_answer,
     format_regex,
     length_penalty,
@@ -44,9 +45,16 @@ def test_registry_lists_the_builtins():
         "digit_match": digit_match,
         "format_regex": format_regex,
         "length_penalty": length_penalty,
+        "environment_reward": environment_reward,
         "code_tests": code_tests,
         "reward_model": reward_model,
     }
+
+
+def test_environment_reward_sums_the_turn_rewards_the_environment_gave():
+    with_turns = Sample("Q", "9", None, {}, 12, False, turns=["add(4,5)", "9"], turn_rewards=[0.25, None])
+    assert environment_reward(with_turns) == 0.25  # 0.25 + (no reward for the last turn)
+    assert environment_reward(make("9")) == 0.0  # single-turn: no environment
 
 
 def test_importing_rewards_does_not_import_torch():

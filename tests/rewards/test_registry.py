@@ -20,7 +20,7 @@ from rlpipe.rewards.registry import (
     score_sample,
 )
 
-VALID = ("code_tests, digit_match, exact_answer, format_regex, length_penalty, reward_model, "
+VALID = ("code_tests, digit_match, environment_reward, exact_answer, format_regex, length_penalty, reward_model, "
          "or 'package.module:function'")
 
 USER_MODULE = '''

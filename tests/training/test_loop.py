@@ -209,11 +209,16 @@ def test_sampler_mismatch_by_hand():
 
     from rlpipe.training.report import sampler_mismatch
 
-    frame = pl.DataFrame({"sampler_logprobs": [[-1.0, -2.0], [-0.5]]})
+    frame = pl.DataFrame({"sampler_logprobs": [[-1.0, -2.0], [-0.5]], "policy_mask": [[True, True], [True]]})
     old = [np.array([-1.1, -2.0]), np.array([-0.2])]
     # |diffs| = 0.1, 0.0, 0.3 -> mean 0.1333, max 0.3
     assert sampler_mismatch(frame, old) == pytest.approx({"sampler_mismatch_mean_abs": 0.4 / 3,
                                                           "sampler_mismatch_max_abs": 0.3})
+    # multi-turn: the observation token (sampler 0.0, trainer -5.0) is not the policy's and does not count
+    turns = pl.DataFrame({"sampler_logprobs": [[-1.0, 0.0, -2.0]], "policy_mask": [[True, False, True]]})
+    # |diffs| over policy tokens = 0.1, 0.0 -> mean 0.05, max 0.1
+    assert sampler_mismatch(turns, [np.array([-1.1, -5.0, -2.0])]) == pytest.approx(
+        {"sampler_mismatch_mean_abs": 0.05, "sampler_mismatch_max_abs": 0.1})
 
 
 def test_micro_batches_are_cut_by_count_and_token_cap():
