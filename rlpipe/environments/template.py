@@ -28,8 +28,9 @@ from typing import Any, Sequence
 
 from rlpipe.errors import ConfigError
 
-USER, TURN, NEXT_TURN, OBSERVATION = "RLPIPE_USER", "RLPIPE_TURN", "RLPIPE_NEXT_TURN", "RLPIPE_OBSERVATION"
-REASONING = "<think>\nRLPIPE_REASONING\n</think>\n\n"
+# The dummy conversation's contents: mixed case, so that a template changing case is caught too.
+USER, TURN, NEXT_TURN, OBSERVATION = "Rlpipe user", "Rlpipe turn", "Rlpipe next", "Rlpipe observation"
+REASONING = "<think>\nRlpipe reasoning\n</think>\n\n"
 
 
 def tokenizer_hash(tokenizer: Any) -> str:
