@@ -149,7 +149,7 @@ def _score_row(item: tuple[int, dict[str, Any]], specs: list[RewardSpec], fns: A
     """
     i, row = item
     if row.get("finish_reason") == "infra_error":  # the environment failed, not the model: never a reward
-        return InfrastructureError(row.get("environment_error") or "the rollout's environment failed")
+        return InfrastructureError(f"the environment failed, not the model: {row.get('environment_error')}")
     sample = _sample(row)
     args = (sample, specs, fns, {name: values[i] for name, values in precomputed.items()})
     if timeout_s is None:
