@@ -24,6 +24,7 @@ import yaml
 from rlpipe.decode import TokenDecoder, fallback_pieces, find_decoder
 from rlpipe.errors import ArtifactError
 from rlpipe.io import Artifact, join_on_keys, read_artifact, read_metadata
+from rlpipe.turn_view import turn_records, turn_summary
 from rlpipe.schema import (ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS,
                            get_schema)
 
@@ -226,7 +227,11 @@ def _length_histogram(lengths: pl.Series, max_bins: int = 16) -> list[dict[str, 
 
 
 def _flat(frame: pl.DataFrame, column: str) -> pl.Series:
-    return frame[column].explode().drop_nulls()
+    """A per-token column's values, at the policy's tokens only (observation tokens have no log-probs)."""
+    if "policy_mask" not in frame.columns:
+        return frame[column].explode().drop_nulls()
+    both = frame.select(pl.col(column).explode(), pl.col("policy_mask").explode())
+    return both.filter(pl.col("policy_mask"))[column].drop_nulls()
 
 
 def summarize(loaded: Loaded, frame: pl.DataFrame, *, total_rows: int, warnings: list[str]) -> dict[str, Any]:
@@ -285,6 +290,9 @@ def summarize(loaded: Loaded, frame: pl.DataFrame, *, total_rows: int, warnings:
         out["entropy_mean"] = _num(_flat(frame, "entropy").mean())
     if "log_ratio" in cols:
         out["train_log_ratio_mean"] = _num(_flat(frame, "log_ratio").mean())
+    turns = turn_summary(frame)
+    if turns:
+        out["turns"] = turns
     return out
 
 
@@ -306,6 +314,7 @@ def select_rows(frame: pl.DataFrame, *, show: int | None, prompt_ids: list[int] 
 
 
 SCALAR_FIELDS = ("prompt_id", "sample_idx", "reward", "correct", "advantage", "completion_length", "finish_reason",
+                 "num_turns", "environment_error",
                  "truncated", "filtered_reason", "score_error", "completion_text", "answer", "group_size",
                  "group_reward_mean", "group_reward_std", "policy_version", "seq_logprob", "seq_kl_ref",
                  "seq_mismatch_max", "seq_entropy")
@@ -329,7 +338,10 @@ def row_records(rows: pl.DataFrame, *, decoder: TokenDecoder | None, color_by: s
             ids = list(ids)
             rec["token_ids"] = ids
             rec["tokens"] = decoder.pieces(ids) if decoder else fallback_pieces(row.get("completion_text"), ids)
-        rec["per_token"] = {c: [_json_value(v) for v in row[c]] for c in per_token if row[c] is not None}
+        mask = row.get("policy_mask")  # observation tokens get no value: only the policy's tokens are coloured
+        rec["per_token"] = {c: [_json_value(v) if mask is None or mask[i] else None for i, v in enumerate(row[c])]
+                            for c in per_token if row[c] is not None}
+        rec["turns"] = turn_records(row)
         rec["color_by"] = color_by
         records.append(rec)
     return records

@@ -9,6 +9,7 @@ import html
 from typing import Any
 
 from rlpipe.inspect import COLOR_COLUMNS
+from rlpipe.turn_view import print_turns, turn_summary_lines, turns_html
 
 WHITE = (255, 255, 255)
 # Colour at full intensity: negative / positive side of a diverging scale, "surprising" log-probs, entropy.
@@ -215,7 +216,7 @@ def print_inspect(console: Any, data: dict[str, Any]) -> None:
         console.print(Text(f"not found: {role} ({path})", style="dim"))
     for w in summary.get("warnings", []):
         console.print(Text(f"warning: {w}", style="yellow"))
-    console.print(_label_table("statistics", "value", summary_lines(summary)))
+    console.print(_label_table("statistics", "value", summary_lines(summary) + turn_summary_lines(summary)))
     if data["rows"]:
         _print_rows(console, data)
 
@@ -249,6 +250,7 @@ def _print_rows(console: Any, data: dict[str, Any]) -> None:
                 colour = token_color(values[i], scale) if values else None
                 line.append(visible(piece), style=Style(color="black", bgcolor=colour) if colour else "")
             console.print(line, soft_wrap=True)
+            print_turns(console, rec)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -300,7 +302,7 @@ def inspect_html(data: dict[str, Any]) -> str:
     parts.append("</table>")
     parts += [f"<p class=\"dim\">not found: {_esc(r)} ({_esc(p)})</p>" for r, p in summary.get("missing", {}).items()]
     parts += [f"<p class=\"warn\">warning: {_esc(w)}</p>" for w in summary.get("warnings", [])]
-    parts += ["<h2>Statistics</h2>", html_table(summary_lines(summary))]
+    parts += ["<h2>Statistics</h2>", html_table(summary_lines(summary) + turn_summary_lines(summary))]
     if data["rows"]:
         parts.append(_html_rows(data))
     return html_page(f"rlpipe inspect {summary['source']} ({summary['view']} view)", "\n".join(parts))
@@ -330,6 +332,7 @@ def _html_rows(data: dict[str, Any]) -> str:
                 style = f" style=\"background:{token_color(values[i], scale)}\"" if values else ""
                 spans.append(f"<span class=\"tok\"{style} title=\"{_esc(tip)}\">{_esc(visible(piece))}</span>")
             parts.append(f"<div class=\"completion\">{''.join(spans)}</div>")
+            parts.append(turns_html(rec))
         parts.append("</section>")
     return "\n".join(parts)
 

@@ -366,3 +366,49 @@ def test_critic_rules(tmp_path, data):
     data["train"]["critic"]["value_clip_eps"] = 0.0
     path = dump(tmp_path, data)
     assert config_error(path).startswith(f"{path}: train.critic.value_clip_eps and train.critic.lr must be > 0")
+
+
+# ----------------------------------------------------------------------------------------------
+# generate.environment (multi-turn) and the calculator task
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("max_turns", 0, "generate.environment.max_turns must be >= 1"),
+    ("max_total_tokens", 0, "generate.environment.max_total_tokens must be >= 1"),
+    ("tool_timeout_s", 0, "generate.environment.tool_timeout_s and generate.environment.step_timeout_s must be > 0"),
+    ("step_timeout_s", -1.0, "generate.environment.tool_timeout_s and generate.environment.step_timeout_s must be > 0"),
+    ("workers", 0, "generate.environment.workers, prompts_per_chunk and chunks_in_flight must be >= 1"),
+    ("prompts_per_chunk", 0, "generate.environment.workers, prompts_per_chunk and chunks_in_flight must be >= 1"),
+    ("chunks_in_flight", 0, "generate.environment.workers, prompts_per_chunk and chunks_in_flight must be >= 1"),
+    ("name", "  ", "generate.environment.name must be a name or null"),
+])
+def test_environment_rules(tmp_path, data, key, value, expected):
+    data["generate"]["environment"][key] = value
+    path = dump(tmp_path, data)
+    assert config_error(path).startswith(f"{path}: {expected}")
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("name", 3, "generate.environment.name: expected a string, got 3"),
+    ("options", [1], "generate.environment.options: expected a mapping, got list"),
+    ("max_turns", 1.5, "generate.environment.max_turns: expected an integer, got 1.5"),
+    ("nope", 1, "unknown key(s) ['generate.environment.nope']"),
+])
+def test_environment_types(tmp_path, data, key, value, expected):
+    data["generate"]["environment"][key] = value
+    assert expected in config_error(dump(tmp_path, data))
+
+
+def test_environment_settings_and_the_calculator_task_load(tmp_path, data):
+    data["generate"]["environment"].update(name="calculator", options={"max_tool_errors": 2}, max_total_tokens=40)
+    data["prepare"]["tiny"].update(task="calculator", tool_use_rate=1.0)
+    p = load_params(dump(tmp_path, data))
+    assert p.generate.environment.multi_turn and p.generate.environment.options == {"max_tool_errors": 2}
+    assert p.generate.max_completion_tokens == 40 and p.prepare.tiny.task == "calculator"
+    assert load_params(PARAMS).generate.max_completion_tokens == load_params(PARAMS).generate.max_new_tokens
+    data["prepare"]["tiny"]["tool_use_rate"] = 1.5
+    path = dump(tmp_path, data)
+    assert config_error(path).startswith(f"{path}: prepare.tiny.tool_use_rate must be in [0, 1]")
+    data["prepare"]["tiny"]["task"] = "tools"
+    assert config_error(dump(tmp_path, data)).endswith(
+        ": prepare.tiny.task: 'tools' is not one of ['addition', 'calculator']")

@@ -1,0 +1,40 @@
+"""`rlpipe inspect` on multi-turn rollouts: turns listed with their tool calls, only policy tokens coloured."""
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from rlpipe.environments.calculator import CalculatorEnvironment
+from rlpipe.generate import generate_multi_turn
+from rlpipe.inspect import inspect_data
+from rlpipe.io import write_artifact
+from rlpipe.render import inspect_html, print_inspect
+from rlpipe.schema import ROLLOUTS
+from tests.environments.conftest import ScriptedEngine, make_driver, prompts_frame
+
+
+def test_inspect_shows_turns_and_colours_only_policy_tokens(tokenizer, tmp_path):
+    policy = lambda prompt, seed: "3" if tokenizer.convert_tokens_to_ids("<tool>") in prompt else "<call>add(1,2)</call>"  # noqa: E731
+    driver = make_driver(ScriptedEngine(tokenizer, policy), tokenizer, CalculatorEnvironment, group_size=1)
+    path = write_artifact(generate_multi_turn(driver, prompts_frame(tokenizer, ["1+2="]), seed=1, iteration=0),
+                          tmp_path / "rollouts.parquet", ROLLOUTS)
+    data = inspect_data(path, show=1, color_by="sampler_logprobs")
+    (rec,) = data["rows"]
+    # <call>add(1,2)</call><eos> (11 policy tokens), <tool>3<ai> (3 observation tokens), 3<eos> (2 policy tokens)
+    assert [v is None for v in rec["per_token"]["sampler_logprobs"]] == [False] * 11 + [True] * 3 + [False] * 2
+    assert rec["turns"] == [
+        {"turn": 0, "model": (0, 11), "observation": (11, 14), "reward": None,
+         "tool_calls": [{"turn": 0, "name": "add", "arguments": '{"a": 1, "b": 2}', "status": "ok", "result": "3"}]},
+        {"turn": 1, "model": (14, 16), "observation": (16, 16), "reward": None, "tool_calls": []}]
+    assert data["summary"]["turns"] == {"turns_mean": 2.0, "tool_calls_mean": 1.0, "tool_use_rate": 1.0,
+                                        "finish_reasons": {"done": 1}}
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    print_inspect(console, data)
+    text = console.file.getvalue()
+    assert ('turn 1: tokens 0-10 · add({"a": 1, "b": 2}) → ok: 3 · observation tokens 11-13 (not the policy\'s)'
+            in text)
+    assert "turn 2: tokens 14-15" in text and "finished: done" in text and "tool use" in text
+    page = inspect_html(data)
+    assert "turn 1: tokens 0-10 · add({&quot;a&quot;: 1, &quot;b&quot;: 2}) → ok: 3" in page
+    assert page.count('class="tok" style="background:#ffffff"') == 3  # the 3 observation tokens, uncoloured
