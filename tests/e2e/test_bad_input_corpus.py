@@ -16,6 +16,7 @@ import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 import pytest
 
+from rlpipe.schema import SCHEMA_VERSION
 from tests.e2e.conftest import edit_params
 from tests.e2e.test_stage_errors import invoke, nothing_written, stage_args, with_footer, ws  # noqa: F401
 
@@ -149,7 +150,7 @@ def test_ppo_train_refuses_advantages_without_returns(ws):  # noqa: F811
                       "values": pa.array([np.zeros(n, dtype=np.float32).tolist() for n in lengths],
                                          type=pa.large_list(pa.float32()))})
     critic_values = ws / "critic_values.parquet"
-    meta = {"rlpipe": json.dumps({"artifact": "values", "schema_version": 1, "policy_version": 0,
+    meta = {"rlpipe": json.dumps({"artifact": "values", "schema_version": SCHEMA_VERSION, "policy_version": 0,
                                   "estimator": "gae", "critic": {"path": "x", "fresh_head": True,
                                                                  "critic_version": 0}})}
     pq.write_table(table.replace_schema_metadata(meta), critic_values)

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlpipe.io import read_artifact
-from rlpipe.schema import PROMPTS, SCORES
+from rlpipe.schema import PROMPTS, SCHEMA_VERSION, SCORES
 from tests.e2e.conftest import REPO, edit_params
 
 pytestmark = pytest.mark.slow
@@ -69,7 +69,7 @@ def test_generate_ok_then_missing_prompt_file(ws):
 def test_generate_rejects_missing_column(ws):
     frame = pl.read_parquet(ws / "artifacts/prepare/train_prompts.parquet").drop("prompt_token_ids")
     table = frame.to_arrow().replace_schema_metadata(
-        {"rlpipe": json.dumps({"artifact": "prompts", "schema_version": 1})})
+        {"rlpipe": json.dumps({"artifact": "prompts", "schema_version": SCHEMA_VERSION})})
     pq.write_table(table, ws / "bad.parquet")
     code, out = invoke("generate", generate_args(ws, **{"--prompts": "bad.parquet"}))
     assert code == 2 and "prompt_token_ids" in out and "bad.parquet" in out
@@ -80,7 +80,7 @@ def test_generate_rejects_mistyped_column(ws):
     frame = pl.read_parquet(ws / "artifacts/prepare/train_prompts.parquet")
     frame = frame.with_columns(pl.col("prompt_id").cast(pl.String))
     table = frame.to_arrow().replace_schema_metadata(
-        {"rlpipe": json.dumps({"artifact": "prompts", "schema_version": 1})})
+        {"rlpipe": json.dumps({"artifact": "prompts", "schema_version": SCHEMA_VERSION})})
     pq.write_table(table, ws / "bad.parquet")
     code, out = invoke("generate", generate_args(ws, **{"--prompts": "bad.parquet"}))
     assert code == 2 and "'prompt_id'" in out and "dtype" in out
@@ -277,7 +277,7 @@ def test_every_stage_refuses_an_input_of_schema_version_0(ws, stage, option):
     old = with_footer(args[args.index(option) + 1], ws / "from_old_rlpipe.parquet", schema_version=0)
     code, out = invoke(stage, stage_args(ws, stage, **{option: str(old)}))
     assert code == 2, out
-    assert "from_old_rlpipe.parquet: schema version 0 but this rlpipe reads version 1" in out
+    assert f"from_old_rlpipe.parquet: schema version 0 but this rlpipe reads version {SCHEMA_VERSION}" in out
     assert nothing_written(ws)
 
 

@@ -1,0 +1,88 @@
+"""Learning curve of the embedded multi-turn task (the calculator), through the real pipeline.
+
+Copies the project into a scratch directory, switches it to the calculator task (`CALCULATOR`, the
+settings docs/multi-turn.md lists) and runs `rlpipe run -n N` (dvc repro + rlpipe iterate per
+iteration). Per iteration it reads the committed metrics: held-out greedy accuracy and tool-use rate
+(evaluate), train sample accuracy (score) and the sampled tool-use rate, turns and finish reasons
+(generate). The table it prints is the one in README.md and docs/multi-turn.md.
+
+    python benchmarks/multi_turn_curve.py --iterations 6
+    python benchmarks/multi_turn_curve.py --iterations 6 --workdir /tmp/curve --json curve.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.algorithm_curves import env, sh  # noqa: E402
+from tests.e2e.conftest import edit_params, make_project  # noqa: E402
+
+# The calculator task: five-digit sums the tiny model cannot do itself, one `add` tool, up to 3 turns.
+CALCULATOR = {
+    "prepare.tiny.task": "calculator",
+    "prepare.tiny.num_digits": 5,
+    "prepare.tiny.max_position_embeddings": 64,
+    "generate.environment.name": "calculator",
+    "generate.environment.max_turns": 3,
+    "generate.environment.max_total_tokens": 40,
+    "generate.max_new_tokens": 20,
+    "evaluate.max_new_tokens": 20,
+}
+
+
+def metrics_at(root: Path, tag: str, stage: str) -> dict:
+    text = subprocess.run(["git", "show", f"{tag}:metrics/{stage}.json"], cwd=root, env=env(), capture_output=True,
+                          text=True, check=True).stdout
+    return json.loads(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--iterations", type=int, default=6)
+    parser.add_argument("--workdir", default=None, help="scratch directory (default: a temp dir)")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="rlpipe-multi-turn-"))
+    root = work / "calculator"
+    if not root.exists():
+        root.mkdir(parents=True)
+        make_project(root, CALCULATOR, shrink=False)
+    started = time.time()
+    sh(["rlpipe", "run", "-n", str(args.iterations)], root)
+    seconds = (time.time() - started) / args.iterations
+    prepare = json.loads(subprocess.run(["git", "show", "iteration-0:metrics/prepare.json"], cwd=root, env=env(),
+                                        capture_output=True, text=True, check=True).stdout)
+    rows = []
+    for k in range(args.iterations):
+        tag = f"iteration-{k}"
+        g, s, e = (metrics_at(root, tag, stage) for stage in ("generate", "score", "evaluate"))
+        rows.append({"iteration": k, "eval_accuracy": e["accuracy"], "eval_tool_use_rate": e["tool_use_rate"],
+                     "train_accuracy": s["accuracy"], "train_tool_use_rate": g["tool_use_rate"],
+                     "turns_mean": g["turns_mean"], "finish_reasons": g["finish_reasons"],
+                     "tool_call_status": g["tool_call_status"]})
+    print(f"warm start: held-out accuracy {prepare['warmstart_eval_accuracy']:.3f}, "
+          f"tool use {prepare['warmstart_eval_tool_use_rate']:.3f}")
+    print("| iteration | held-out accuracy after | held-out tool use after | train sample accuracy | "
+          "sampled tool use | turns (mean) |")
+    print("|---|---|---|---|---|---|")
+    print(f"| warm start (prepare) | {prepare['warmstart_eval_accuracy']:.3f} | "
+          f"{prepare['warmstart_eval_tool_use_rate']:.3f} | | | |")
+    for r in rows:
+        print(f"| {r['iteration']} | {r['eval_accuracy']:.3f} | {r['eval_tool_use_rate']:.3f} | "
+              f"{r['train_accuracy']:.3f} | {r['train_tool_use_rate']:.3f} | {r['turns_mean']:.2f} |")
+    print(f"{seconds:.0f} s per iteration (dvc repro + rlpipe iterate)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"warm_start": prepare, "rows": rows,
+                                               "seconds_per_iteration": seconds}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
