@@ -23,19 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.algorithm_curves import env, sh  # noqa: E402
-from tests.e2e.conftest import edit_params, make_project  # noqa: E402
+from tests.e2e.conftest import make_project  # noqa: E402
+from tests.e2e.test_multi_turn import CALCULATOR  # noqa: E402  (the same settings the e2e test runs)
 
-# The calculator task: five-digit sums the tiny model cannot do itself, one `add` tool, up to 3 turns.
-CALCULATOR = {
-    "prepare.tiny.task": "calculator",
-    "prepare.tiny.num_digits": 5,
-    "prepare.tiny.max_position_embeddings": 64,
-    "generate.environment.name": "calculator",
-    "generate.environment.max_turns": 3,
-    "generate.environment.max_total_tokens": 40,
-    "generate.max_new_tokens": 20,
-    "evaluate.max_new_tokens": 20,
-}
 
 
 def metrics_at(root: Path, tag: str, stage: str) -> dict:

@@ -8,22 +8,13 @@ import pytest
 from rlpipe.engines.base import SamplingParams
 from rlpipe.engines.hf import HFEngine
 from rlpipe.engines.logprobs import batched_completion_logprobs
-from rlpipe.environments import Environment, Step
 from rlpipe.generate import generate_multi_turn
 from rlpipe.io import read_artifact, write_artifact
 from rlpipe.schema import ROLLOUTS
 from rlpipe.tiny.model import build_tiny_llama
 from rlpipe.training.data import training_data
 from tests.environments.conftest import make_driver, prompts_frame
-
-
-class Echo(Environment):
-    """Answers every turn with a tool message naming the turn; done after the third turn."""
-
-    def step(self, turn):
-        if turn.index == 2:
-            return Step(done=True, reward=1.0)
-        return Step(observation=({"role": "tool", "content": f"{turn.index}{len(turn.token_ids)}"},), reward=0.5)
+from tests.environments.echo import Echo
 
 
 class Recording:
