@@ -259,3 +259,112 @@ def test_two_data_parallel_replicas_sample_what_one_engine_samples(engine, tiny)
     diffs = [abs(x - y) for a, b, s in zip(one, two, same) if s for x, y in zip(a.sampler_logprobs, b.sampler_logprobs)]
     REPORT["data_parallel_max_logprob_diff"] = max(diffs)
     assert max(diffs) < 0.05
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-turn (rlpipe/environments): every turn continues the sample's whole prefix with its own seed
+
+# A chat template for the tiny character tokenizer: an assistant turn ends with <eos>, any other message
+# is its content then "=" (the observation suffix after an assistant turn is "<digits>=").
+TINY_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}{{ m['content'] + eos_token }}"
+                 "{% else %}{{ m['content'] + '=' }}{% endif %}{% endfor %}")
+
+
+def test_multi_turn_rollouts_on_vllm_are_token_exact(engine, tiny):
+    """The ids vLLM was asked to continue are the table's prefixes, and the CPU reference's log-probs of the
+    table's policy tokens match vLLM's own (bf16 noise); observation tokens carry none."""
+    import copy
+
+    import polars as pl
+
+    from rlpipe.config import EnvironmentConfig
+    from rlpipe.engines.base import SamplingParams
+    from rlpipe.environments.driver import Driver
+    from rlpipe.environments.template import ChatRenderer
+    from tests.environments.echo import Echo
+
+    _, tokenizer, model, _ = tiny
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.chat_template = TINY_TEMPLATE
+    asked = []
+
+    class Recording:
+        name = "vllm"
+
+        def generate(self, requests, params, *, progress=None):
+            asked.extend(tuple(r.prompt_token_ids) for r in requests)
+            return engine.generate(requests, params)
+
+    eos = [tokenizer.eos_token_id]
+    env = EnvironmentConfig(name="echo", options={}, max_turns=3, max_total_tokens=48, tool_timeout_s=10.0,
+                            step_timeout_s=60.0, workers=4, prompts_per_chunk=3, chunks_in_flight=2)
+    driver = Driver(Recording(), sampling=SamplingParams(temperature=0.8, top_p=1.0, top_k=0, max_new_tokens=MAX_NEW),
+                    group_size=8, env=env, env_cls=Echo, tokenizer=tokenizer,
+                    renderer=ChatRenderer(tokenizer, eos_token_ids=eos, source="tiny"), eos_token_ids=eos,
+                    tokenizer_hash="")
+    texts = ["12+34=", "7+8=", "99+1=", "40+55=", "3+3=", "1+1="]
+    prompts = pl.DataFrame({"prompt_id": list(range(6)), "prompt": texts,
+                            "prompt_token_ids": [tokenizer(t)["input_ids"] for t in texts],
+                            "answer": [None] * 6, "metadata": ["{}"] * 6}, schema_overrides={"answer": pl.String})
+    out = driver.run(prompts, [11 * i for i in range(6)])
+    rows = list(out.iter_rows(named=True))
+    prefixes = {tuple(r["prompt_token_ids"] + r["completion_token_ids"][:s]) for r in rows for s in r["turn_starts"]}
+    assert set(asked) <= prefixes
+    REPORT["multi_turn_rollouts"] = len(rows)
+    REPORT["multi_turn_rows_with_2_plus_turns"] = sum(r["num_turns"] > 1 for r in rows)
+    assert REPORT["multi_turn_rows_with_2_plus_turns"] >= 4
+    ref = _reference_logprobs(model, [r["prompt_token_ids"] for r in rows], [r["completion_token_ids"] for r in rows],
+                              temperature=0.8)
+    diffs = sorted(abs(a - b) for r, lp in zip(rows, ref) for a, b, m in
+                   zip(r["sampler_logprobs"], lp, r["policy_mask"]) if m)
+    REPORT["multi_turn_logprob_mean_abs_diff"] = sum(diffs) / len(diffs)
+    REPORT["multi_turn_logprob_max_abs_diff"] = diffs[-1]
+    assert sum(diffs) / len(diffs) < LOGPROB_MEAN_TOL and diffs[-1] < LOGPROB_TOL
+    assert all(x == 0.0 for r in rows for x, m in zip(r["sampler_logprobs"], r["policy_mask"]) if not m)
+
+
+def test_generate_stage_runs_multi_turn_rollouts_with_vllm(tiny, tmp_path):
+    """stages/generate.py with generate.environment on a GPU: the template checked, vLLM started before any
+    CUDA use in the stage's process, a valid multi-turn table."""
+    _needs_gpu_and_vllm()
+    import shutil
+
+    pl = pytest.importorskip("polars")
+    import yaml
+
+    from rlpipe.io import read_artifact, write_artifact
+    from rlpipe.schema import PROMPTS, ROLLOUTS
+
+    path, tokenizer, _, _ = tiny
+    model_dir = tmp_path / "model"
+    shutil.copytree(path, model_dir)
+    tokenizer.chat_template = TINY_TEMPLATE
+    try:
+        tokenizer.save_pretrained(model_dir)
+    finally:
+        tokenizer.chat_template = None
+    repo = Path(__file__).resolve().parents[2]
+    texts = [f"{a}+{b}=" for a, b in ((1, 2), (34, 56), (7, 80), (99, 9))]
+    prompts = pl.DataFrame({"prompt_id": pl.Series(range(len(texts)), dtype=pl.Int64), "prompt": texts,
+                            "prompt_token_ids": [tokenizer(t)["input_ids"] for t in texts],
+                            "answer": ["3", "90", "87", "108"], "metadata": ["{}"] * len(texts)})
+    write_artifact(prompts, tmp_path / "prompts.parquet", PROMPTS)
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["generate"].update(engine="auto", device="cuda", dtype="bfloat16", prompts_per_iteration=0,
+                              group_size=4, max_new_tokens=12)
+    params["generate"]["vllm"].update(gpu_memory_utilization=0.3, enforce_eager=True, max_model_len=64)
+    params["generate"]["environment"].update(name="tests.environments.echo:Echo", max_turns=3, max_total_tokens=48)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    cmd = [sys.executable, str(repo / "stages/generate.py"), "--params", str(tmp_path / "params.yaml"),
+           "--prompts", str(tmp_path / "prompts.parquet"), "--policy", str(model_dir),
+           "--out", str(tmp_path / "rollouts.parquet"), "--metrics", str(tmp_path / "generate.json"),
+           "--resume-root", str(tmp_path / "resume")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "generate.json").read_text())
+    assert metrics["engine"] == "vllm" and metrics["num_samples"] == 16 and metrics["turns_max"] >= 2
+    table = read_artifact(tmp_path / "rollouts.parquet", ROLLOUTS).frame
+    assert (table["num_turns"] > 1).any() and not (table["finish_reason"] == "infra_error").any()
+    REPORT["multi_turn_stage_metrics"] = json.dumps({k: metrics[k] for k in ("turns_mean", "finish_reasons",
+                                                                             "observation_tokens", "policy_tokens")})
