@@ -15,7 +15,11 @@ from tests.environments.conftest import ScriptedEngine, make_driver, prompts_fra
 
 
 def test_inspect_shows_turns_and_colours_only_policy_tokens(tokenizer, tmp_path):
-    policy = lambda prompt, seed: "3" if tokenizer.convert_tokens_to_ids("<tool>") in prompt else "<call>add(1,2)</call>"  # noqa: E731
+    tool = tokenizer.convert_tokens_to_ids("<tool>")
+
+    def policy(prompt, seed):  # call the tool, then answer with its result
+        return "3" if tool in prompt else "<call>add(1,2)</call>"
+
     driver = make_driver(ScriptedEngine(tokenizer, policy), tokenizer, CalculatorEnvironment, group_size=1)
     path = write_artifact(generate_multi_turn(driver, prompts_frame(tokenizer, ["1+2="]), seed=1, iteration=0),
                           tmp_path / "rollouts.parquet", ROLLOUTS)
