@@ -39,14 +39,17 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
                                             help="run until params.yaml says this iteration (iterations 0..UNTIL-1 "
                                                  "finished); the same command resumes after a crash"),
         params: str = typer.Option("params.yaml", help="params file"),
-        commit: bool = typer.Option(True, help="commit (and tag) each finished iteration to git")) -> None:
+        commit: bool = typer.Option(True, help="commit (and tag) each finished iteration to git"),
+        servers: bool = typer.Option(True, help="use the warm stage/engine servers of params.yaml's worker "
+                                                "section (same outputs, less fixed cost)")) -> None:
     """Run iterations back to back: `dvc repro` then `rlpipe iterate`, until the target.
 
     After a crash, `rlpipe run --until K` finishes what is left: `dvc repro` skips every stage
     that already finished and an interrupted `rlpipe iterate` is completed first.
     """
     from rlpipe.config import load_params
-    from rlpipe.iterate import finish_interrupted_start, run_iterations
+    from rlpipe.iterate import finish_interrupted_start
+    from rlpipe.run.loop import run_iterations
 
     def report(row: dict) -> None:
         typer.echo(f"iteration {row['iteration']}: eval accuracy {row['eval_accuracy']:.3f}, "
@@ -60,9 +63,57 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
             if commit:  # an advance cut short after rewriting params.yaml already counts as done
                 finish_interrupted_start(Path("."), params_file=params)
             until = load_params(params).iteration + iterations
-        run_iterations(".", until=until, params_file=params, commit=commit, on_iteration=report)
+        run_iterations(".", until=until, params_file=params, commit=commit, servers=servers, on_iteration=report)
     except RlpipeError as e:
         _fail(e)
+
+
+worker_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                         help="The warm stage and engine servers that `rlpipe run` starts (docs/fixed-cost.md).")
+app.add_typer(worker_app, name="worker")
+
+
+@worker_app.command("start")
+def worker_start(params: str = typer.Option("params.yaml", help="params file"),
+                 engine: Optional[bool] = typer.Option(None, "--engine/--no-engine",
+                                                       help="also start the engine server (default: as "
+                                                            "worker.engine_server says)")) -> None:
+    """Start this project's servers; `dvc repro` and every stage command then use them until `stop`."""
+    from rlpipe.config import load_params
+    from rlpipe.run import servers as run_servers
+    from rlpipe.worker import lifecycle
+
+    root = Path(".").resolve()
+    try:
+        p = load_params(params)
+        info = lifecycle.start("stage", root, run_servers.stage_server_args(root, p))
+        typer.echo(f"stage server: pid {info.pid} at {info.address}")
+        if engine if engine is not None else run_servers.wants_engine_server(p):
+            info = lifecycle.start("engine", root, run_servers.engine_server_args(root, p))
+            typer.echo(f"engine server: pid {info.pid} at {info.address} ({info.detail['settings']['engine']}, "
+                       f"started in {info.detail['start_seconds']} s)")
+    except RlpipeError as e:
+        _fail(e)
+
+
+@worker_app.command("stop")
+def worker_stop() -> None:
+    """Stop this project's servers (a stage one of them is running is killed)."""
+    from rlpipe.worker import lifecycle
+
+    for kind in lifecycle.KINDS:
+        typer.echo(f"{kind} server: {'stopped' if lifecycle.stop(kind, Path('.').resolve()) else 'not running'}")
+
+
+@worker_app.command("status")
+def worker_status() -> None:
+    """Say which of this project's servers run, and what they have served."""
+    from rlpipe.worker import lifecycle
+
+    for kind in lifecycle.KINDS:
+        info = lifecycle.status(kind, Path(".").resolve())
+        typer.echo(f"{kind} server: " + ("not running" if info is None else
+                                          f"pid {info.pid} at {info.address}, served {info.detail['served']}"))
 
 
 @app.command()
