@@ -205,5 +205,41 @@ def diff(
           as_json=as_json)
 
 
+plots_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                        help="`dvc plots` with no network: the Vega libraries in the page, or static SVG/PNG charts.")
+app.add_typer(plots_app, name="plots")
+
+
+@plots_app.command("setup")
+def plots_setup(project: str = typer.Option(".", "--project", help="the DVC project to set up")) -> None:
+    """Make `dvc plots show`/`diff` pages carry the Vega libraries (from vl-convert-python): no CDN, no network."""
+    from rlpipe.reports.plots import setup_offline_plots
+
+    try:
+        done = setup_offline_plots(project)
+    except RlpipeError as e:
+        _fail(e)
+    versions = ", ".join(f"{k} {v}" for k, v in done["versions"].items())
+    typer.echo(f"wrote {done['template']} ({done['bytes'] / 2**20:.1f} MiB: {versions}) and set "
+               f"plots.html_template in {done['config']}: `dvc plots show` now draws with no network")
+
+
+@plots_app.command("render")
+def plots_render(out: str = typer.Argument(..., help="directory for one .svg/.png per chart and an index.html"),
+                 rev: Optional[List[str]] = typer.Option(None, "--rev", help="draw `dvc plots diff` of these "
+                                                                             "revisions (repeatable) instead of "
+                                                                             "the workspace"),
+                 fmt: Optional[List[str]] = typer.Option(None, "--format", help="svg and/or png (default: both)"),
+                 project: str = typer.Option(".", "--project", help="the DVC project")) -> None:
+    """Draw every chart `dvc plots show` draws to SVG/PNG files, without a browser."""
+    from rlpipe.reports.plots import render_static_plots
+
+    try:
+        written = render_static_plots(project, out, revisions=rev or None, formats=tuple(fmt or ("svg", "png")))
+    except RlpipeError as e:
+        _fail(e)
+    typer.echo(f"wrote {len(written)} files to {out}")
+
+
 if __name__ == "__main__":
     app()
