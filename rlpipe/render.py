@@ -422,7 +422,13 @@ def diff_numbers(row: dict[str, Any]) -> tuple[str, str, str]:
         return fmt(row["a"]), fmt(row["b"]), "-" if row["delta"] is None else f"{row['delta']:+d}"
     big = max((abs(v) for v in values), default=0.0)
     digits = 2 if big >= 100 else 4
-    show = lambda v: "-" if v is None else (f"{v:.{digits}f}" if isinstance(v, (int, float)) else str(v))  # noqa: E731
+    def show(v: Any) -> str:
+        if v is None:
+            return "-"
+        if not isinstance(v, (int, float)):
+            return str(v)
+        text = f"{v:.{digits}f}"
+        return text[1:] if text.lstrip("-0.") == "" else text  # a tiny negative is "0.0000", not "-0.0000"
     delta = "-" if row["delta"] is None else f"{row['delta']:+.{digits}f}"
     if delta in (f"+{0:.{digits}f}", f"-{0:.{digits}f}") and row["delta"] != 0:
         delta = f"{row['delta']:+.2g}"  # a change smaller than the shown digits is not "0"
