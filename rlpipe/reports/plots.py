@@ -111,8 +111,8 @@ PAGE = """<!DOCTYPE html>
 {refresh_tag}
 <title>DVC plots (offline)</title>
 <style>
-body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 1em; color: #222; }
-body > div[id] { display: inline-block; vertical-align: top; margin: 0 1em 1em 0; }
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 8px; color: #222; }
+body > div[id] { display: inline-block; vertical-align: top; margin: 0 0 0.5em 0; }
 table { border-spacing: 15px; }
 .rlpipe-problem { color: #a10000; font-weight: bold; max-width: 40em; }
 footer { color: #777; font-size: 0.85em; margin-top: 2em; }
