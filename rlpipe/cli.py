@@ -187,7 +187,7 @@ def inspect(
 ) -> None:
     """Join an iteration's artifacts on (prompt_id, sample_idx) and show statistics and colour-coded rollouts."""
     from rlpipe.inspect import inspect_data
-    from rlpipe.render import print_inspect
+    from rlpipe.reports.terminal import print_inspect
     from rlpipe.reports.html import inspect_html
 
     _show(lambda: inspect_data(target, eval_view=eval_view, where=where, sort=sort, descending=desc, show=show,
@@ -207,7 +207,7 @@ def diff(
 ) -> None:
     """What changed between two iterations: metrics, and held-out prompts that flipped wrong->right and back."""
     from rlpipe.diff import diff_data
-    from rlpipe.render import print_diff
+    from rlpipe.reports.terminal import print_diff
     from rlpipe.reports.html import diff_html
 
     _show(lambda: diff_data(a, b, repo=repo, show=show), to_html=diff_html, to_terminal=print_diff, html=html,

@@ -311,9 +311,10 @@ def summarize(loaded: Loaded, frame: pl.DataFrame, *, total_rows: int, warnings:
             # GAE and REINFORCE++ give each token its own advantage: the sequence column is null by design.
             out["token_advantage"] = _stats(_flat(frame, "token_advantages"))
             estimator = sources.dotted(loaded.params or {}, "advantage.estimator")
-            out["advantage_note"] = (f"per token only: {'advantage.estimator ' + estimator if estimator else 'this estimator'}"
-                                     " gives each token its own advantage, so the sequence-level `advantage` "
-                                     "column is empty; rows show the mean of their token advantages")
+            who = f"advantage.estimator {estimator}" if estimator else "this estimator"
+            out["advantage_note"] = (f"per token only: {who} gives each token its own advantage, so the "
+                                     "sequence-level `advantage` column is empty; rows show the mean of their "
+                                     "token advantages")
     if "filtered_reason" in cols:
         reasons = frame["filtered_reason"].drop_nulls().value_counts().sort("filtered_reason")
         out["filtered"] = {r: int(n) for r, n in reasons.iter_rows()}

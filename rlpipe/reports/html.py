@@ -32,7 +32,8 @@ details.artifact { margin: 0.3em 0; } details.artifact summary { cursor: pointer
 table.columns td { font-family: ui-monospace, monospace; font-size: 0.95em; }
 .group { border: 1px solid #ccc; border-radius: 6px; padding: 0.5em 1em; margin: 1em 0; }
 .ghead { font-weight: bold; color: #7a1f7a; }
-.prompt { font-family: ui-monospace, monospace; white-space: pre-wrap; background: #f6f6f6; padding: 4px; margin: 4px 0; }
+.prompt { font-family: ui-monospace, monospace; white-space: pre-wrap; background: #f6f6f6; padding: 4px;
+          margin: 4px 0; }
 .sample { margin-top: 0.6em; }
 .meta { font-size: 0.95em; }
 .completion { font-family: ui-monospace, monospace; font-size: 1.05em; line-height: 1.9; }

@@ -91,7 +91,10 @@ WRAPPER = """
     (target || document.body).appendChild(p);
   }
   if (typeof embed !== "function") {
-    window.vegaEmbed = function (el) { say(el, "This chart cannot be drawn: the Vega libraries embedded in this page did not load (see the browser console). Run `rlpipe plots setup` again, then `dvc plots show`."); };
+    window.vegaEmbed = function (el) {
+      say(el, "This chart cannot be drawn: the Vega libraries embedded in this page did not load (see the " +
+              "browser console). Run `rlpipe plots setup` again, then `dvc plots show`.");
+    };
     return;
   }
   window.vegaEmbed = function (el, spec, opts) {
