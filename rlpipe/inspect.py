@@ -26,7 +26,7 @@ from rlpipe.decode import TokenDecoder, fallback_pieces, find_decoder
 from rlpipe.errors import ArtifactError
 from rlpipe.io import Artifact, join_on_keys, read_artifact, read_metadata
 from rlpipe.reports import sources
-from rlpipe.reports.selection import informative_order
+from rlpipe.reports.selection import informative_order, one_sample_per_prompt
 from rlpipe.schema import (ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS,
                            get_schema)
 
@@ -348,6 +348,7 @@ def summarize(loaded: Loaded, frame: pl.DataFrame, *, total_rows: int, warnings:
 ORDER_NOTES = {
     "informative": "most informative first: mixed-reward groups before zero-variance ones, largest |advantage| "
                    "first; the best and the worst distinct completion of each group, then the next ones",
+    "informative_single": "one sample per prompt: lowest reward first, so the wrong answers lead",
     "sorted": "in --sort order",
     "prompt": "every sample of the --prompt-id prompts, in sample order",
 }
@@ -370,7 +371,7 @@ def select_rows(frame: pl.DataFrame, *, show: int | None, prompt_ids: list[int] 
     if sorted_by_user:
         return (frame if show is None else frame.head(show)), "sorted", {}
     rows, dups = informative_order(frame, show)
-    return rows, "informative", dups
+    return rows, "informative_single" if one_sample_per_prompt(frame) else "informative", dups
 
 
 SCALAR_FIELDS = ("prompt_id", "sample_idx", "reward", "correct", "advantage", "completion_length", "finish_reason",

@@ -94,7 +94,7 @@ def test_where_sql_and_polars_and_sort_desc(project):
 
 def test_eval_tokenizer_and_single_file(project, tmp_path):
     data = as_json("inspect", str(project), "--eval", "--show", "2")
-    assert data["summary"]["view"] == "eval" and data["rows"][0]["prompt"] == "1+2="
+    assert data["summary"]["view"] == "eval" and data["rows"][0]["prompt"] == "2+2="  # a wrong answer first
     tok = as_json("inspect", str(project / "a/rollouts.parquet"), "--show", "1", "--tokenizer", str(project / "model"))
     assert tok["tokenizer"].endswith("tokenizer.json") and tok["rows"][0]["tokens"] == ["2", "<eos>"]
     out = ok("inspect", str(project / "a/scores.parquet")).stdout
@@ -150,7 +150,9 @@ def test_eval_html_is_one_table_not_a_card_per_answer(project, tmp_path):
     assert 'class="group"' not in text and text.count('<table class="answers">') == 1
     rows = re.findall(r'<tr data-prompt-id="(\d)"><td class="num">\d</td><td><code>([^<]*)</code></td><td>(\d+)</td>'
                       r'.*?<td>([✓✗-])</td>', text)
-    assert rows == [("0", "1+2=", "3", "✓"), ("1", "2+2=", "4", "✗"), ("2", "3+3=", "6", "✗"), ("3", "5+5=", "10", "✓")]
+    # one sample per prompt: lowest reward first (the wrong answers), ties by prompt_id
+    assert rows == [("1", "2+2=", "4", "✗"), ("2", "3+3=", "6", "✗"), ("0", "1+2=", "3", "✓"), ("3", "5+5=", "10", "✓")]
+    assert "one sample per prompt: lowest reward first, so the wrong answers lead" in text
 
 
 def test_json_output_is_machine_readable(project):

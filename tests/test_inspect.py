@@ -86,7 +86,10 @@ def test_eval_view_reads_the_held_out_rollouts(project):
     s = data["summary"]
     assert [a["role"] for a in s["artifacts"]] == ["eval_rollouts", "prompts"]
     assert s["accuracy"] == pytest.approx(0.5)  # True, False, False, True
-    assert data["rows"][1]["prompt"] == "2+2="
+    # one greedy answer per prompt: lowest reward first, so the two wrong ones (prompts 1, 2) lead
+    assert [(r["prompt_id"], r["prompt"], r["correct"]) for r in data["rows"]] == [
+        (1, "2+2=", False), (2, "3+3=", False), (0, "1+2=", True), (3, "5+5=", True)]
+    assert data["summary"]["selection"]["order"] == "informative_single"
 
 
 def test_single_file_and_fallback_without_tokenizer(tmp_path):

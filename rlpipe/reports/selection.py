@@ -14,6 +14,8 @@ user sorts, the rows are ranked:
 
 The signal of a row is its sequence advantage; for token-level estimators (no sequence advantage)
 the mean of its token advantages; with no advantages at all, its reward minus its group's mean.
+With one sample per prompt (the greedy eval rollouts) there is no group to contrast: the rows go
+lowest reward first, so the wrong answers lead.
 """
 from __future__ import annotations
 
@@ -50,6 +52,10 @@ def _alternate(items: list[Any]) -> list[Any]:
     return out
 
 
+def one_sample_per_prompt(frame: pl.DataFrame) -> bool:
+    return "prompt_id" in frame.columns and frame.height > 0 and frame["prompt_id"].n_unique() == frame.height
+
+
 def informative_order(frame: pl.DataFrame, limit: int | None = None) -> tuple[pl.DataFrame, dict[tuple, list[int]]]:
     """The first ``limit`` distinct rows of ``frame`` in informative order, and each shown row's duplicates.
 
@@ -74,9 +80,14 @@ def informative_order(frame: pl.DataFrame, limit: int | None = None) -> tuple[pl
             g["reps"][key]["dups"].append(r["sample_idx"])
         else:
             g["reps"][key] = {"sample_idx": r["sample_idx"], "signal": r["_signal"], "dups": []}
+    single = one_sample_per_prompt(frame)
     ranked = []
     for pid, g in groups.items():
         reps = sorted(g["reps"].values(), key=lambda x: (-x["signal"], x["sample_idx"]))
+        if single:  # lowest reward first; a row without a reward last
+            reward = min(g["rewards"]) if g["rewards"] else None
+            ranked.append(((reward is None, reward if reward is not None else 0.0, pid), pid, reps))
+            continue
         mixed = len(g["rewards"]) > 1
         strength = max(abs(x["signal"]) for x in reps)
         ranked.append(((not mixed, -strength, pid), pid, _alternate(reps)))

@@ -53,3 +53,9 @@ def test_a_frame_without_keys_is_only_cut():
     df = pl.DataFrame({"x": [3, 1, 2]})
     shown, dups = informative_order(df, 2)
     assert shown["x"].to_list() == [3, 1] and dups == {}
+
+
+def test_one_sample_per_prompt_goes_lowest_reward_first():
+    rows = [(0, 0, [1], 1.5, None), (1, 0, [2], 0.0, None), (2, 0, [3], 0.5, None), (3, 0, [4], 0.0, None)]
+    shown, _ = informative_order(frame(rows), 3)
+    assert keys(shown) == [(1, 0), (3, 0), (2, 0)]  # the wrong answers (reward 0) lead, ties by prompt_id
