@@ -30,7 +30,12 @@ OFFLINE = ("--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=http://127.0
 
 def chromium() -> str:
     """The browser's path; skips the test (or fails it, where CI installed one) when there is none."""
-    path = os.environ.get("RLPIPE_CHROMIUM") or next(filter(None, map(shutil.which, CANDIDATES)), None)
+    named = os.environ.get("RLPIPE_CHROMIUM")
+    if named:
+        if not os.access(named, os.X_OK):
+            pytest.fail(f"RLPIPE_CHROMIUM={named}: no such executable")
+        return named
+    path = next(filter(None, map(shutil.which, CANDIDATES)), None)
     if path:
         return path
     reason = ("no headless browser: install Debian's chromium package (`apt-get install -y chromium`, as "
