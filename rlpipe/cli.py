@@ -211,7 +211,10 @@ def _print_json(data: object) -> None:
 def inspect(
     target: str = typer.Argument(..., help="a project directory (artifacts found through its params.yaml) "
                                            "or one artifact .parquet file"),
-    show: Optional[int] = typer.Option(None, "--show", min=0, help="print the first N rollouts (after --where/--sort)"),
+    show: Optional[int] = typer.Option(None, "--show", min=0, help="print N rollouts (after --where): the most "
+                                                               "informative first (mixed-reward groups, largest "
+                                                               "|advantage|, each distinct completion once), or the "
+                                                               "first N in --sort order"),
     prompt_id: Optional[List[int]] = typer.Option(None, "--prompt-id", help="print every sample of this prompt "
                                                                           "(repeatable)"),
     color_by: Optional[str] = typer.Option(
@@ -224,17 +227,22 @@ def inspect(
     sort: Optional[str] = typer.Option(None, "--sort", help="sort rows by this scalar column (ascending)"),
     desc: bool = typer.Option(False, "--desc", help="with --sort: descending"),
     eval_view: bool = typer.Option(False, "--eval", help="inspect the evaluate stage's held-out rollouts instead"),
+    rev: Optional[str] = typer.Option(None, "--rev", help="read the project's artifacts as they were at this git "
+                                                          "revision (a tag such as iteration-3, or just 3), "
+                                                          "through DVC's cache"),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="model directory or tokenizer.json to decode "
                                                                       "tokens with (default: the policy's)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary and rows as JSON (for scripts)"),
-    html: Optional[str] = typer.Option(None, "--html", help="also write the view as a self-contained HTML page"),
+    html: Optional[str] = typer.Option(None, "--html", help="also write the view as a self-contained HTML page "
+                                                             "(exact values on hover, per-token tables)"),
 ) -> None:
     """Join an iteration's artifacts on (prompt_id, sample_idx) and show statistics and colour-coded rollouts."""
     from rlpipe.inspect import inspect_data
-    from rlpipe.render import inspect_html, print_inspect
+    from rlpipe.reports.terminal import print_inspect
+    from rlpipe.reports.html import inspect_html
 
     _show(lambda: inspect_data(target, eval_view=eval_view, where=where, sort=sort, descending=desc, show=show,
-                               prompt_ids=prompt_id, color_by=color_by, tokenizer=tokenizer),
+                               prompt_ids=prompt_id, color_by=color_by, tokenizer=tokenizer, rev=rev),
           to_html=inspect_html, to_terminal=print_inspect, html=html, as_json=as_json)
 
 
@@ -250,10 +258,47 @@ def diff(
 ) -> None:
     """What changed between two iterations: metrics, and held-out prompts that flipped wrong->right and back."""
     from rlpipe.diff import diff_data
-    from rlpipe.render import diff_html, print_diff
+    from rlpipe.reports.terminal import print_diff
+    from rlpipe.reports.html import diff_html
 
     _show(lambda: diff_data(a, b, repo=repo, show=show), to_html=diff_html, to_terminal=print_diff, html=html,
           as_json=as_json)
+
+
+plots_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                        help="`dvc plots` with no network: the Vega libraries in the page, or static SVG/PNG charts.")
+app.add_typer(plots_app, name="plots")
+
+
+@plots_app.command("setup")
+def plots_setup(project: str = typer.Option(".", "--project", help="the DVC project to set up")) -> None:
+    """Make `dvc plots show`/`diff` pages carry the Vega libraries (from vl-convert-python): no CDN, no network."""
+    from rlpipe.reports.plots import setup_offline_plots
+
+    try:
+        done = setup_offline_plots(project)
+    except RlpipeError as e:
+        _fail(e)
+    versions = ", ".join(f"{k} {v}" for k, v in done["versions"].items())
+    typer.echo(f"wrote {done['template']} ({done['bytes'] / 2**20:.1f} MiB: {versions}) and set "
+               f"plots.html_template in {done['config']}: `dvc plots show` now draws with no network")
+
+
+@plots_app.command("render")
+def plots_render(out: str = typer.Argument(..., help="directory for one .svg/.png per chart and an index.html"),
+                 rev: Optional[List[str]] = typer.Option(None, "--rev", help="draw `dvc plots diff` of these "
+                                                                             "revisions (repeatable) instead of "
+                                                                             "the workspace"),
+                 fmt: Optional[List[str]] = typer.Option(None, "--format", help="svg and/or png (default: both)"),
+                 project: str = typer.Option(".", "--project", help="the DVC project")) -> None:
+    """Draw every chart `dvc plots show` draws to SVG/PNG files, without a browser."""
+    from rlpipe.reports.plots import render_static_plots
+
+    try:
+        written = render_static_plots(project, out, revisions=rev or None, formats=tuple(fmt or ("svg", "png")))
+    except RlpipeError as e:
+        _fail(e)
+    typer.echo(f"wrote {len(written)} files to {out}")
 
 
 if __name__ == "__main__":
