@@ -6,22 +6,19 @@ from typing import Any
 import polars as pl
 
 from rlpipe.config import EvaluateConfig, ScoreConfig
-from rlpipe.engines.base import PromptRequest, SamplingParams
-from rlpipe.engines.hf import HFEngine
-from rlpipe.generate import single_turn_columns
+from rlpipe.engines.base import GenerationEngine, PromptRequest, SamplingParams
+from rlpipe.generate import GREEDY_TEMPERATURE, single_turn_columns
 from rlpipe.scoring import score_rows
 
-GREEDY = 0.0  # temperature 0 = argmax: accuracy of the policy's mode, comparable across iterations
 
+def evaluate_policy(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: EvaluateConfig, score_cfg: ScoreConfig,
+                    policy_version: int, decode: Any, multi_turn: Any = None) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """Greedy completions of every prompt by ``engine`` (see `rlpipe.generate.build_engine`), scored.
 
-def evaluate_policy(model: Any, prompts: pl.DataFrame, *, cfg: EvaluateConfig, score_cfg: ScoreConfig,
-                    eos_token_ids: list[int], pad_token_id: int, policy_version: int,
-                    decode: Any, multi_turn: Any = None) -> tuple[pl.DataFrame, dict[str, Any]]:
-    """Greedy rollouts of ``prompts``, scored. ``multi_turn``: a `rlpipe.generate.MultiTurnSetup`
-    (generate.environment) to evaluate multi-turn, each turn capped at ``evaluate.max_new_tokens``."""
-    engine = HFEngine.from_model(model, batch_size=cfg.batch_size, eos_token_ids=eos_token_ids,
-                                 pad_token_id=pad_token_id)
-    params = SamplingParams(temperature=GREEDY, top_p=1.0, top_k=0, max_new_tokens=cfg.max_new_tokens)
+    ``multi_turn``: a `rlpipe.generate.MultiTurnSetup` (generate.environment) to evaluate multi-turn
+    rollouts, each turn capped at ``evaluate.max_new_tokens``.
+    """
+    params = SamplingParams(temperature=GREEDY_TEMPERATURE, top_p=1.0, top_k=0, max_new_tokens=cfg.max_new_tokens)
     base = prompts.select("prompt_id", "prompt", "prompt_token_ids", "answer", "metadata")
     if multi_turn is not None:
         driver = multi_turn.driver(engine, sampling=params, group_size=1, keep_chunks=False)

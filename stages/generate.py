@@ -57,8 +57,9 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
                                  resume_root=resume_root, inputs=[prompts, policy],
                                  key_params={"seed": p.seed, "iteration": p.iteration,
                                              "torch_threads": p.torch_threads}) if multi else None
-        # Loads the weights (hf: here, with transformers; vllm: in its own workers, so CUDA stays
-        # uninitialised in this process until then).
+    with timer.phase("engine_start"):
+        # The project's engine server when one runs with these settings; else loads the weights here
+        # (hf: with transformers; vllm: in its own workers, so CUDA stays uninitialised in this process).
         engine = make_engine(cfg, engine=choose_engine(cfg), model_dir=policy,
                              eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
     with timer.phase("compute"):
@@ -83,7 +84,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     m = rollout_metrics(rollouts, multi_turn=multi)
     if multi:
         m["resumed_chunks"] = driver.resumed_chunks
-    stage.write_metrics(metrics, "generate", {**m, "engine": engine.name, "policy_version": p.iteration}, timer)
+    stage.write_metrics(metrics, "generate", {**m, "engine": engine.name, "policy_version": p.iteration,
+                                              **stage.engine_metrics(engine)}, timer)
     stage.summary_line("generate", rows=m["num_samples"], tokens=m["completion_tokens"],
                        seconds=timer.report()["total"], truncation_rate=round(m["truncation_rate"], 3))
 
