@@ -183,6 +183,7 @@ def _answers_table(groups: list[tuple[Any, list[dict[str, Any]]]], column: str |
         for rec in recs:
             completion = completion_html(render.token_cells(rec, column, scale)) if "tokens" in rec else esc(
                 rec.get("completion_text") or "")
+            completion += turns_html(rec)  # multi-turn rollouts (the eval view): one line per turn
             correct = {True: "✓", False: "✗"}.get(rec.get("correct"), "-")
             rows.append(f"<tr data-prompt-id=\"{esc(pid)}\"><td class=\"num\">{esc(pid)}</td>"
                         f"<td><code>{esc(rec.get('prompt') or '')}</code></td><td>{esc(fmt(rec.get('answer')))}</td>"

@@ -9,7 +9,8 @@ from rlpipe.environments.calculator import CalculatorEnvironment
 from rlpipe.generate import generate_multi_turn
 from rlpipe.inspect import inspect_data
 from rlpipe.io import write_artifact
-from rlpipe.render import inspect_html, print_inspect
+from rlpipe.reports.html import inspect_html
+from rlpipe.reports.terminal import print_inspect
 from rlpipe.schema import ROLLOUTS
 from tests.environments.conftest import ScriptedEngine, make_driver, prompts_frame
 
