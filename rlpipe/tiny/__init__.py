@@ -1,5 +1,8 @@
 """The tiny default: a character tokenizer, a small Llama, an addition task and its warm start.
 
+``prepare.tiny.task: calculator`` builds the multi-turn variant instead (tool_task.py): five-digit sums,
+an ``add`` tool, a chat template of the tokenizer's own, and a warm start on tool trajectories.
+
 Everything is built from a seed on CPU with no downloads, so the whole pipeline runs offline
 in minutes; ``benchmarks/tiny_learnability.py`` holds the measurements behind the sizes.
 """
