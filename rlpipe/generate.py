@@ -136,9 +136,11 @@ def build_engine(engine: str, *, device: str, dtype: str, batch_size: int, vllm:
 
 
 def generate_rollouts(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: GenerateConfig, seed: int,
-                      iteration: int, decode: Any, progress: Any = None) -> pl.DataFrame:
+                      iteration: int, policy_version: int, decode: Any, progress: Any = None) -> pl.DataFrame:
     """Sample ``cfg.group_size`` completions for every prompt row; return the rollout table.
 
+    ``iteration`` seeds the samples (each iteration draws new ones); ``policy_version`` is the version of
+    the sampling policy, recorded in every row (``iteration`` itself, or older with overlapped iterations).
     ``decode`` turns completion token ids into text (the tokenizer's decode without special tokens).
     ``progress``: optional callback (samples finished per batch), see rlpipe.progress.
     """
@@ -147,11 +149,11 @@ def generate_rollouts(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: G
         for pid, ids in zip(prompts["prompt_id"].to_list(), prompts["prompt_token_ids"].to_list())
     ]
     results = engine.generate(requests, sampling_params(cfg), progress=progress)
-    return rollout_frame(prompts, requests, results, iteration=iteration, decode=decode)
+    return rollout_frame(prompts, requests, results, policy_version=policy_version, decode=decode)
 
 
 def rollout_frame(prompts: pl.DataFrame, requests: list[PromptRequest], results: list[list[Completion]],
-                  *, iteration: int, decode: Any) -> pl.DataFrame:
+                  *, policy_version: int, decode: Any) -> pl.DataFrame:
     """Flatten engine results into rollout rows (shared by every engine, so all write the same table)."""
     rows: dict[str, list] = {k: [] for k in (
         "prompt_id", "sample_idx", "sample_seed", "prompt_token_ids", "completion_token_ids", "completion_text",
@@ -174,7 +176,7 @@ def rollout_frame(prompts: pl.DataFrame, requests: list[PromptRequest], results:
         "prompt_token_ids": pl.List(pl.Int32), "completion_token_ids": pl.List(pl.Int32),
         "sampler_logprobs": pl.List(pl.Float32), "sample_idx": pl.Int32, "completion_length": pl.Int32,
         "sample_seed": pl.Int64})
-    return frame.with_columns(pl.lit(iteration, dtype=pl.Int64).alias("policy_version"))
+    return frame.with_columns(pl.lit(policy_version, dtype=pl.Int64).alias("policy_version"))
 
 
 def rollout_metrics(rollouts: pl.DataFrame) -> dict[str, float]:

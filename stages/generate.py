@@ -33,9 +33,10 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         cfg = p.generate
         setup_torch(p.torch_threads, p.seed)
         version = read_policy_version(policy)
-        if version is not None and version != p.iteration:
-            raise ArtifactError(f"{policy}: holds policy version {version} but params iteration is {p.iteration}; "
-                                "run `rlpipe iterate` to advance, or fix policy.path")
+        if version is not None and version != p.policy.version:
+            raise ArtifactError(f"{policy}: holds policy version {version} but params policy.version is "
+                                f"{p.policy.version} (iteration {p.iteration}); run `rlpipe iterate` to advance, "
+                                "or fix policy.path")
     with timer.phase("read"):
         table = select_prompts(read_artifact(prompts, PROMPTS).frame, count=cfg.prompts_per_iteration,
                                seed=p.seed, iteration=p.iteration)
@@ -50,6 +51,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     with timer.phase("compute"):
         with stage_progress("generate", total=table.height * cfg.group_size, unit="samples") as advance:
             rollouts = generate_rollouts(engine, table, cfg=cfg, seed=p.seed, iteration=p.iteration,
+                                         policy_version=p.policy.version,
                                          decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                          progress=advance)
         if hasattr(engine, "close"):
@@ -57,10 +59,11 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     with timer.phase("write"):
         sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
                     "max_new_tokens": cfg.max_new_tokens, "group_size": cfg.group_size}
-        write_artifact(rollouts, out, ROLLOUTS, metadata={"policy_version": p.iteration, "sampling": sampling,
+        write_artifact(rollouts, out, ROLLOUTS, metadata={"policy_version": p.policy.version, "sampling": sampling,
                                                           "engine": engine.name})
     m = rollout_metrics(rollouts)
-    stage.write_metrics(metrics, "generate", {**m, "engine": engine.name, "policy_version": p.iteration,
+    stage.write_metrics(metrics, "generate", {**m, "engine": engine.name, "policy_version": p.policy.version,
+                                              "iteration": p.iteration,
                                               **stage.engine_metrics(engine)}, timer)
     stage.summary_line("generate", rows=m["num_samples"], tokens=m["completion_tokens"],
                        seconds=timer.report()["total"], truncation_rate=round(m["truncation_rate"], 3))
