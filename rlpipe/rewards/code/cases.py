@@ -331,9 +331,11 @@ def _from_python(source: str, metadata: dict, allow_forgeable: bool) -> list[Tas
                 continue
             ctx = _Context(dict(constants), defined - {stmt.name}, rename)
             for inner in stmt.body:
+                if _ignorable(inner, ctx.constants):
+                    continue
                 if isinstance(inner, ast.Assert):
                     add(inner, ctx)
-                elif not _ignorable(inner, ctx.constants):
+                else:
                     refused.append((inner, f"a statement in {stmt.name}() that is not an assert"))
         else:
             refused.append((stmt, "not an assert"))

@@ -154,6 +154,15 @@ def set_limits(limits: dict, *, processes: int | None) -> None:
         resource.setrlimit(getattr(resource, name), (value, value))
 
 
+def new_session_keyring() -> None:
+    """Join a fresh, empty session keyring: the one inherited from the scoring process would be shared
+    by every row (keys are kernel state, outside every namespace). Best effort: a kernel without
+    keyrings has nothing to share. The syscall filter then refuses every keyring call anyway."""
+    table = ARCHES.get(seccomp_arch() or "")
+    if table is not None:
+        _libc.syscall(ctypes.c_long(table["nr"]["keyctl"]), ctypes.c_long(1), ctypes.c_void_p(None))  # JOIN_SESSION
+
+
 def drop_privileges(uid: int, gid: int) -> None:
     os.setgroups([])
     os.setgid(gid)

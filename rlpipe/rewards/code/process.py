@@ -227,8 +227,11 @@ def _run(program: dict, cases: list[dict], limits: SandboxLimits, isolation: Iso
             except OSError as exc:
                 raise SandboxUnavailable(f"cannot create the row's cgroups: {exc}") from None
         if uid is not None and not isolation.namespaces:
-            os.chown(work, uid, gid)
-            os.chmod(work, 0o700)
+            try:
+                os.chown(work, uid, gid)
+                os.chmod(work, 0o700)
+            except (OSError, OverflowError) as exc:
+                raise SandboxUnavailable(f"cannot prepare the work dir for uid {uid}: {exc}") from None
         plan = {"token": token, "namespaces": isolation.namespaces, "root": work, "uid": uid, "gid": gid,
                 "nproc": "process_limit" in isolation.active, "seccomp": isolation.seccomp,
                 "work_dir": "/tmp" if isolation.namespaces else work,
@@ -240,9 +243,12 @@ def _run(program: dict, cases: list[dict], limits: SandboxLimits, isolation: Iso
                            "open_files": limits.max_open_files, "work_bytes": limits.work_dir_mb << 20,
                            "timeout_s": limits.timeout_s, "output_bytes": limits.max_output_bytes},
                 "program": program, "cases": cases}
-        proc = subprocess.Popen([sys.executable, "-s", "-P", RUNNER, str(report_w)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(report_w,), cwd=work,
-                                env=_environment("/tmp" if isolation.namespaces else work), start_new_session=True)
+        try:
+            proc = subprocess.Popen([sys.executable, "-s", "-P", RUNNER, str(report_w)], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(report_w,), cwd=work,
+                                    env=_environment("/tmp" if isolation.namespaces else work), start_new_session=True)
+        except OSError as exc:  # e.g. EAGAIN: the host is out of processes
+            raise SandboxUnavailable(f"cannot start the sandbox: {exc}") from None
         os.close(report_w)
         report_w = -1
         watch = _Watch(proc, report_r, json.dumps(plan).encode(), token)
@@ -338,7 +344,33 @@ def _end(watch: _Watch, proc: subprocess.Popen, isolation: Isolation, driver_pid
                     except ProcessLookupError:
                         pass
                 time.sleep(0.002)
+        if isolation.users == "per_row" and not isolation.namespaces:
+            _remove_files_of(uid)
     finally:
         if driver_pidfd is not None:
             os.close(driver_pidfd)
         watch.close()
+
+
+SHARED_DIRS = ("/dev/shm", "/tmp", "/var/tmp")
+
+
+def _remove_files_of(uid: int) -> None:
+    """Without a private file system, what a row's user left in the host's world-writable dirs
+    (POSIX semaphores and shared memory in /dev/shm, files in /tmp) goes with the row, so no
+    later row can read it. Rows running at the same time can still meet there: docs/reliability.md."""
+    for directory in {*SHARED_DIRS, tempfile.gettempdir()}:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                continue

@@ -66,22 +66,24 @@ def extract_code(completion: str) -> str:
 def _host_paths() -> list[tuple[str, str]]:
     """Host paths that must not appear in what the sandbox returns, longest first, with their stand-ins."""
     package = Path(__file__).resolve().parent
-    pairs = {str(package): "<sandbox>", str(package.parents[2]): "<rlpipe>", tempfile.gettempdir(): "<tmp>",
-             os.path.expanduser("~"): "<home>", os.getcwd(): "<cwd>"}
+    pairs = {str(package): "<sandbox>", str(package.parents[2]): "<rlpipe>", os.path.expanduser("~"): "<home>",
+             os.getcwd(): "<cwd>"}
     for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
         pairs[prefix] = pairs[os.path.realpath(prefix)] = "<python>"
     return sorted(((p, s) for p, s in pairs.items() if len(p) > 1), key=lambda ps: -len(ps[0]))
 
 
 _HOST_PATHS = _host_paths()
+_WORK_DIR = re.compile(re.escape(tempfile.gettempdir()) + r"/rlpipe-sandbox-[A-Za-z0-9_]+")  # plain mode's work dir
 
 
 def redact(text: str) -> str:
-    """`text` with this host's paths (interpreter, repository, temp dir, home, cwd) replaced by stand-ins.
+    """`text` with this host's paths (interpreter, repository, work dir, home, cwd) replaced by stand-ins.
 
     >>> redact(f"File {sys.prefix}/lib/x.py") == "File <python>/lib/x.py"
     True
     """
+    text = _WORK_DIR.sub("<work>", text)
     for path, stand_in in _HOST_PATHS:
         text = text.replace(path, stand_in)
     return text

@@ -56,7 +56,7 @@ SPAWN_EVENTS = frozenset({
 })
 
 # Bound now: the program may replace these module attributes; its own status must still go out.
-_write, _exit, _dumps, _type = os.write, os._exit, json.dumps, type
+_write, _exit, _dumps, _type, _getpid = os.write, os._exit, json.dumps, type, os.getpid
 
 
 class Reporter:
@@ -117,8 +117,14 @@ def describe(exc: BaseException) -> str:
         return "exception" + where
 
 
+_case_pid = [0]  # the case process's pid, set when its program starts
+
+
 def finish(status: dict, code: int) -> None:
-    """Flush the program's streams, write its status on fd 3, and leave (no atexit, no thread joins)."""
+    """Flush the program's streams, write its status on fd 3, and leave (no atexit, no thread joins).
+    A forked copy of the program (a child it made) leaves without a status: only the case process reports."""
+    if _getpid() != _case_pid[0]:
+        _exit(code)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -218,6 +224,7 @@ def case_process(plan: dict, case: dict, fds: dict) -> None:
         os.umask(0o077)
         if plan["uid"] is not None:
             isolate.drop_privileges(plan["uid"], plan["gid"])
+        isolate.new_session_keyring()
         if plan["seccomp"]:
             isolate.install_seccomp(host_ipc=not plan["namespaces"])
         else:
@@ -240,6 +247,7 @@ def case_process(plan: dict, case: dict, fds: dict) -> None:
             os.write(gate, b"E" + f"{type(exc).__name__}: {exc}"[:400].encode())
         finally:
             _exit(70)
+    _case_pid[0] = os.getpid()
     os.write(GATE_FD, b"K")
     os.close(GATE_FD)
     run_program(plan["program"], case, guard)
