@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import resource
 import signal
 import struct
@@ -203,7 +202,7 @@ def seccomp_program(arch: str, *, host_ipc: bool) -> bytes:
 
 def seccomp_arch() -> str | None:
     """The key of ARCHES for this interpreter, or None where the filter is not available."""
-    machine = platform.machine()
+    machine = os.uname().machine
     if sys.maxsize <= 2**32:  # a 32-bit interpreter on a 64-bit kernel: other numbers
         return None
     return {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}.get(machine.lower())
@@ -213,7 +212,7 @@ def install_seccomp(*, host_ipc: bool) -> None:
     """Install the filter on this process and its future children (needs NO_NEW_PRIVS, set here)."""
     arch = seccomp_arch()
     if arch is None:
-        raise OSError(ENOSYS, f"no syscall table for {platform.machine()}")
+        raise OSError(ENOSYS, f"no syscall table for {os.uname().machine}")
     program = seccomp_program(arch, host_ipc=host_ipc)
     buffer = ctypes.create_string_buffer(program, len(program))
     fprog = struct.pack("=HxxxxxxQ", len(program) // 8, ctypes.addressof(buffer))
