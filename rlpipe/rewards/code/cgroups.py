@@ -196,18 +196,18 @@ class RowCgroups:
 
     @property
     def kill_file(self) -> str | None:
-        return f"{self.dirs[self.host.kill]}/cgroup.kill" if self.host.kill else None
+        return f"{self.dirs[self.host.kill]}/cgroup.kill" if self.host.kill in self.dirs else None
 
     @property
     def oom_events(self) -> str | None:
         """A file with an ``oom_kill <count>`` line (v2 memory.events, v1 memory.oom_control)."""
-        if self.host.memory is None:
+        if self.host.memory is None or self.host.memory[0] not in self.dirs:
             return None
         path = self.dirs[self.host.memory[0]]
         return f"{path}/memory.events" if self.host.memory[1] == "v2" else f"{path}/memory.oom_control"
 
     def peak_memory_bytes(self) -> int | None:
-        if self.host.memory is None:
+        if self.host.memory is None or self.host.memory[0] not in self.dirs:
             return None
         path = self.dirs[self.host.memory[0]]
         name = "memory.peak" if self.host.memory[1] == "v2" else "memory.max_usage_in_bytes"

@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import secrets
@@ -95,6 +96,17 @@ def _uid_range_mapped() -> bool:
     return False
 
 
+def _is_a_user(uid: int) -> bool:
+    """Whether `uid` (or the same gid) belongs to someone: directory services may map users this high."""
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        try:
+            lookup(uid)
+            return True
+        except KeyError:
+            pass
+    return False
+
+
 _uid_lock = threading.Lock()
 _uids_in_use: set[int] = set()
 
@@ -106,8 +118,10 @@ def row_uid(isolation: Isolation) -> Iterator[tuple[int | None, int | None]]:
         yield isolation.uid, isolation.gid
         return
     with _uid_lock:
-        while (uid := UID_RANGE[0] + secrets.randbelow(UID_RANGE[1] - UID_RANGE[0])) in _uids_in_use:
-            pass
+        while True:
+            uid = UID_RANGE[0] + secrets.randbelow(UID_RANGE[1] - UID_RANGE[0])
+            if uid not in _uids_in_use and not _is_a_user(uid):
+                break
         _uids_in_use.add(uid)
     try:
         yield uid, uid

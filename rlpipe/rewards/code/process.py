@@ -144,10 +144,13 @@ class _Watch:
         *complete, rest = self.report.split(b"\n")
         self.report = bytearray(rest)
         prefix = f"{self.token} ".encode()
-        for line in complete:
+        for line in complete:  # written by trusted code only; a line that does not parse is a bug, skipped
             if line.startswith(prefix):
-                word, _, payload = line[len(prefix):].decode().partition(" ")
-                self.lines.append((word, json.loads(payload)))
+                word, _, payload = line[len(prefix):].decode("utf-8", "replace").partition(" ")
+                try:
+                    self.lines.append((word, json.loads(payload)))
+                except ValueError:
+                    continue
 
     def drain(self) -> None:
         """What the runner wrote before it exited (no EOF wait: a dead runner has closed its ends)."""
