@@ -3,7 +3,7 @@
 What it owns: the test formats (`cases`: stdin/stdout, call-based, assert-style), the data-only
 encoding of values and the comparisons (`values`), the verdict of a case (`judge`), the sandbox's
 parent side (`process`, `cgroups`, `host`: spawn, watch, limits, kill, which protections this host
-offers) and its child side (`runner`, `isolate`: standard library only, never importing rlpipe),
+offers) and its child side (`runner`, `program`, `isolate`: standard library only, never importing rlpipe),
 and the reward function (`reward`). The design rule: the untrusted program only produces outputs;
 expected outputs never enter its process, and the verdict is computed here. It imports
 `rlpipe.rewards.functions` (Sample, RewardResult) and nothing else of rlpipe. docs/reliability.md

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -91,8 +90,27 @@ def _status(pid: str) -> dict[str, str]:
         return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
 
 
+USED_UIDS: set[int] = set()  # every per-row uid this test process handed out (conftest records them)
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return int(stat[stat.rfind(b")") + 2:].split()[1])
+
+
+def _descends_from_us(pid: int) -> bool:
+    me = os.getpid()
+    while pid > 1:
+        pid = _parent(pid)
+        if pid == me:
+            return True
+    return False
+
+
 def sandbox_processes() -> list[int]:
-    """Live processes of a sandbox: running this worktree's runner, or owned by a per-row uid."""
+    """Live processes of this test process's sandboxes: its runners, and anything of a uid it handed to a row.
+    (Not every runner on the host: another test run or a benchmark may be using the sandbox meanwhile.)"""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -102,7 +120,8 @@ def sandbox_processes() -> list[int]:
             if status.get("State", "").startswith("Z"):
                 continue
             uid = int(status["Uid"].split()[0])
-            if RUNNER.encode() in (entry / "cmdline").read_bytes() or host.UID_RANGE[0] <= uid <= host.UID_RANGE[1]:
+            ours = RUNNER.encode() in (entry / "cmdline").read_bytes() and _descends_from_us(int(entry.name))
+            if ours or uid in USED_UIDS:
                 found.append(int(entry.name))
         except (OSError, KeyError, ValueError):
             continue
@@ -118,10 +137,6 @@ def processes_named(comm: str) -> list[int]:
         except OSError:
             continue
     return found
-
-
-def work_dirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("rlpipe-sandbox-*")}
 
 
 def row_cgroups() -> list[str]:

@@ -552,3 +552,57 @@ def test_the_probe_falls_back_when_the_strongest_sandbox_cannot_start(monkeypatc
     assert not chosen.namespaces and chosen.users == "self"
     assert "unshare: Operation not permitted" in chosen.missing["network_namespace"]
     assert "kill_all" in chosen.missing and "separate_uid" in chosen.missing
+
+
+FILTERED = """
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {"x86_64": {"unshare": 272, "clone3": 435, "io_uring_setup": 425, "ptrace": 101, "keyctl": 250, "bpf": 321,
+                 "socket": 41, "socketpair": 53},
+      "aarch64": {"unshare": 97, "clone3": 435, "io_uring_setup": 425, "ptrace": 117, "keyctl": 219, "bpf": 280,
+                  "socket": 198, "socketpair": 199}}[os.uname().machine]
+def errno_of(result):
+    return 0 if result >= 0 else ctypes.get_errno()
+pair = (ctypes.c_int * 2)()
+print(json.dumps({
+    "unshare_user": errno_of(libc.syscall(nr["unshare"], 0x10000000)),
+    "clone3": errno_of(libc.syscall(nr["clone3"], None, 0)),
+    "io_uring_setup": errno_of(libc.syscall(nr["io_uring_setup"], 1, None)),
+    "ptrace_traceme": errno_of(libc.syscall(nr["ptrace"], 0, 0, 0, 0)),
+    "keyctl": errno_of(libc.syscall(nr["keyctl"], 0, -3, 0)),
+    "bpf": errno_of(libc.syscall(nr["bpf"], 0, None, 0)),
+    "socket_inet": errno_of(libc.syscall(nr["socket"], 2, 1, 0)),
+    "socketpair_unix": errno_of(libc.syscall(nr["socketpair"], 1, 1, 0, pair)),
+}))
+"""
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="syscall numbers of x86_64/aarch64")
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_the_syscall_filter_refuses_what_it_lists(name):
+    isolation = VARIANTS[name]
+    if "syscall_filter" not in isolation.active:
+        assert isolation.missing["syscall_filter"]
+        return
+    got = json.loads(raw(FILTERED, isolation=isolation).out)
+    # EPERM = 1, ENOSYS = 38; an AF_UNIX socketpair (multiprocessing needs it) still works
+    assert got == {"unshare_user": 1, "clone3": 38, "io_uring_setup": 38, "ptrace_traceme": 1, "keyctl": 1, "bpf": 1,
+                   "socket_inet": 1, "socketpair_unix": 0}
+
+
+def test_the_filter_program_checks_the_architecture_first():
+    from rlpipe.rewards.code import isolate
+
+    program = isolate.seccomp_program("x86_64", host_ipc=False)
+    first = [struct_unpack(program[i:i + 8]) for i in range(0, 32, 8)]
+    assert first[0] == (isolate.LD_ABS_W, 0, 0, 4)  # load seccomp_data.arch
+    assert first[1] == (isolate.JEQ_K, 1, 0, 0xC000003E)  # AUDIT_ARCH_X86_64, else...
+    assert first[2] == (isolate.RET_K, 0, 0, isolate.RET_KILL_PROCESS)  # ...kill the process
+    with_ipc = isolate.seccomp_program("x86_64", host_ipc=True)
+    assert len(with_ipc) - len(program) == 8 * 2 * len(isolate.HOST_IPC)  # two instructions per refused syscall
+
+
+def struct_unpack(insn: bytes) -> tuple[int, int, int, int]:
+    import struct
+
+    return struct.unpack("=HBBI", insn)
