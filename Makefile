@@ -20,7 +20,12 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $@
 
-repro: install
+# `dvc plots show` pages that carry the Vega libraries (from the vl-convert-python wheel): no CDN needed.
+OFFLINE_PLOTS := .rlpipe/dvc-plots/offline-template.html
+$(OFFLINE_PLOTS): $(VENV)/.installed
+	$(BIN)/rlpipe plots setup
+
+repro: install $(OFFLINE_PLOTS)
 	PATH="$(abspath $(BIN)):$$PATH" dvc repro
 
 iterations: install

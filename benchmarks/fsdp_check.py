@@ -71,7 +71,8 @@ def train_config(device: str, epochs: int, minibatch: int = 32, micro_batch: int
         loss_aggregation="seq-mean-token-mean", epochs=epochs, minibatch_size=minibatch, micro_batch_size=micro_batch,
         max_tokens_per_micro_batch=0, lr=1e-6,
         weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0, entropy_coef=0.0, device=device,
-        dtype="bfloat16", chunk_size=1024, max_skipped_steps=0, checkpoint_every_steps=0)
+        dtype="bfloat16", chunk_size=1024, max_skipped_steps=0, checkpoint_every_steps=0,
+        checkpoint_every_s=0.0, checkpoint_fsync=False, save_dtype="auto", master_weights="auto")
 
 
 def main() -> None:

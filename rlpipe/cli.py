@@ -39,14 +39,17 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
                                             help="run until params.yaml says this iteration (iterations 0..UNTIL-1 "
                                                  "finished); the same command resumes after a crash"),
         params: str = typer.Option("params.yaml", help="params file"),
-        commit: bool = typer.Option(True, help="commit (and tag) each finished iteration to git")) -> None:
+        commit: bool = typer.Option(True, help="commit (and tag) each finished iteration to git"),
+        servers: bool = typer.Option(True, help="use the warm stage/engine servers of params.yaml's worker "
+                                                "section (same outputs, less fixed cost)")) -> None:
     """Run iterations back to back: `dvc repro` then `rlpipe iterate`, until the target.
 
     After a crash, `rlpipe run --until K` finishes what is left: `dvc repro` skips every stage
     that already finished and an interrupted `rlpipe iterate` is completed first.
     """
     from rlpipe.config import load_params
-    from rlpipe.iterate import finish_interrupted_start, run_iterations
+    from rlpipe.iterate import finish_interrupted_start
+    from rlpipe.run.loop import run_iterations
 
     def report(row: dict) -> None:
         typer.echo(f"iteration {row['iteration']}: eval accuracy {row['eval_accuracy']:.3f}, "
@@ -60,9 +63,57 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
             if commit:  # an advance cut short after rewriting params.yaml already counts as done
                 finish_interrupted_start(Path("."), params_file=params)
             until = load_params(params).iteration + iterations
-        run_iterations(".", until=until, params_file=params, commit=commit, on_iteration=report)
+        run_iterations(".", until=until, params_file=params, commit=commit, servers=servers, on_iteration=report)
     except RlpipeError as e:
         _fail(e)
+
+
+worker_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                         help="The warm stage and engine servers that `rlpipe run` starts (docs/fixed-cost.md).")
+app.add_typer(worker_app, name="worker")
+
+
+@worker_app.command("start")
+def worker_start(params: str = typer.Option("params.yaml", help="params file"),
+                 engine: Optional[bool] = typer.Option(None, "--engine/--no-engine",
+                                                       help="also start the engine server (default: as "
+                                                            "worker.engine_server says)")) -> None:
+    """Start this project's servers; `dvc repro` and every stage command then use them until `stop`."""
+    from rlpipe.config import load_params
+    from rlpipe.run import servers as run_servers
+    from rlpipe.worker import lifecycle
+
+    root = Path(".").resolve()
+    try:
+        p = load_params(params)
+        info = lifecycle.start("stage", root, run_servers.stage_server_args(root, p))
+        typer.echo(f"stage server: pid {info.pid} at {info.address}")
+        if engine if engine is not None else run_servers.wants_engine_server(p):
+            info = lifecycle.start("engine", root, run_servers.engine_server_args(root, p))
+            typer.echo(f"engine server: pid {info.pid} at {info.address} ({info.detail['settings']['engine']}, "
+                       f"started in {info.detail['start_seconds']} s)")
+    except RlpipeError as e:
+        _fail(e)
+
+
+@worker_app.command("stop")
+def worker_stop() -> None:
+    """Stop this project's servers (a stage one of them is running is killed)."""
+    from rlpipe.worker import lifecycle
+
+    for kind in lifecycle.KINDS:
+        typer.echo(f"{kind} server: {'stopped' if lifecycle.stop(kind, Path('.').resolve()) else 'not running'}")
+
+
+@worker_app.command("status")
+def worker_status() -> None:
+    """Say which of this project's servers run, and what they have served."""
+    from rlpipe.worker import lifecycle
+
+    for kind in lifecycle.KINDS:
+        info = lifecycle.status(kind, Path(".").resolve())
+        typer.echo(f"{kind} server: " + ("not running" if info is None else
+                                          f"pid {info.pid} at {info.address}, served {info.detail['served']}"))
 
 
 @app.command()
@@ -160,7 +211,10 @@ def _print_json(data: object) -> None:
 def inspect(
     target: str = typer.Argument(..., help="a project directory (artifacts found through its params.yaml) "
                                            "or one artifact .parquet file"),
-    show: Optional[int] = typer.Option(None, "--show", min=0, help="print the first N rollouts (after --where/--sort)"),
+    show: Optional[int] = typer.Option(None, "--show", min=0, help="print N rollouts (after --where): the most "
+                                                               "informative first (mixed-reward groups, largest "
+                                                               "|advantage|, each distinct completion once), or the "
+                                                               "first N in --sort order"),
     prompt_id: Optional[List[int]] = typer.Option(None, "--prompt-id", help="print every sample of this prompt "
                                                                           "(repeatable)"),
     color_by: Optional[str] = typer.Option(
@@ -173,17 +227,22 @@ def inspect(
     sort: Optional[str] = typer.Option(None, "--sort", help="sort rows by this scalar column (ascending)"),
     desc: bool = typer.Option(False, "--desc", help="with --sort: descending"),
     eval_view: bool = typer.Option(False, "--eval", help="inspect the evaluate stage's held-out rollouts instead"),
+    rev: Optional[str] = typer.Option(None, "--rev", help="read the project's artifacts as they were at this git "
+                                                          "revision (a tag such as iteration-3, or just 3), "
+                                                          "through DVC's cache"),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="model directory or tokenizer.json to decode "
                                                                       "tokens with (default: the policy's)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary and rows as JSON (for scripts)"),
-    html: Optional[str] = typer.Option(None, "--html", help="also write the view as a self-contained HTML page"),
+    html: Optional[str] = typer.Option(None, "--html", help="also write the view as a self-contained HTML page "
+                                                             "(exact values on hover, per-token tables)"),
 ) -> None:
     """Join an iteration's artifacts on (prompt_id, sample_idx) and show statistics and colour-coded rollouts."""
     from rlpipe.inspect import inspect_data
-    from rlpipe.render import inspect_html, print_inspect
+    from rlpipe.reports.terminal import print_inspect
+    from rlpipe.reports.html import inspect_html
 
     _show(lambda: inspect_data(target, eval_view=eval_view, where=where, sort=sort, descending=desc, show=show,
-                               prompt_ids=prompt_id, color_by=color_by, tokenizer=tokenizer),
+                               prompt_ids=prompt_id, color_by=color_by, tokenizer=tokenizer, rev=rev),
           to_html=inspect_html, to_terminal=print_inspect, html=html, as_json=as_json)
 
 
@@ -199,10 +258,47 @@ def diff(
 ) -> None:
     """What changed between two iterations: metrics, and held-out prompts that flipped wrong->right and back."""
     from rlpipe.diff import diff_data
-    from rlpipe.render import diff_html, print_diff
+    from rlpipe.reports.terminal import print_diff
+    from rlpipe.reports.html import diff_html
 
     _show(lambda: diff_data(a, b, repo=repo, show=show), to_html=diff_html, to_terminal=print_diff, html=html,
           as_json=as_json)
+
+
+plots_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                        help="`dvc plots` with no network: the Vega libraries in the page, or static SVG/PNG charts.")
+app.add_typer(plots_app, name="plots")
+
+
+@plots_app.command("setup")
+def plots_setup(project: str = typer.Option(".", "--project", help="the DVC project to set up")) -> None:
+    """Make `dvc plots show`/`diff` pages carry the Vega libraries (from vl-convert-python): no CDN, no network."""
+    from rlpipe.reports.plots import setup_offline_plots
+
+    try:
+        done = setup_offline_plots(project)
+    except RlpipeError as e:
+        _fail(e)
+    versions = ", ".join(f"{k} {v}" for k, v in done["versions"].items())
+    typer.echo(f"wrote {done['template']} ({done['bytes'] / 2**20:.1f} MiB: {versions}) and set "
+               f"plots.html_template in {done['config']}: `dvc plots show` now draws with no network")
+
+
+@plots_app.command("render")
+def plots_render(out: str = typer.Argument(..., help="directory for one .svg/.png per chart and an index.html"),
+                 rev: Optional[List[str]] = typer.Option(None, "--rev", help="draw `dvc plots diff` of these "
+                                                                             "revisions (repeatable) instead of "
+                                                                             "the workspace"),
+                 fmt: Optional[List[str]] = typer.Option(None, "--format", help="svg and/or png (default: both)"),
+                 project: str = typer.Option(".", "--project", help="the DVC project")) -> None:
+    """Draw every chart `dvc plots show` draws to SVG/PNG files, without a browser."""
+    from rlpipe.reports.plots import render_static_plots
+
+    try:
+        written = render_static_plots(project, out, revisions=rev or None, formats=tuple(fmt or ("svg", "png")))
+    except RlpipeError as e:
+        _fail(e)
+    typer.echo(f"wrote {len(written)} files to {out}")
 
 
 if __name__ == "__main__":

@@ -241,6 +241,10 @@ class TrainConfig:
     chunk_size: int
     max_skipped_steps: int  # optimizer steps skipped for a non-finite loss/grad allowed before the stage fails
     checkpoint_every_steps: int  # save a resume state every N optimizer steps (a killed stage resumes); 0 = off
+    checkpoint_every_s: float  # ... and every this many seconds of training; 0 = off
+    checkpoint_fsync: bool  # fsync each resume state (survives a power loss, not only a killed process)
+    save_dtype: Literal["auto", "float32", "bfloat16", "float16"]  # the checkpoint's weights; auto = the policy's own
+    master_weights: bool | Literal["auto"]  # also keep float32 weights for the next train when save_dtype is lower
 
 
 @dataclass(frozen=True)
@@ -259,6 +263,7 @@ class RewardModelConfig:
 
 @dataclass(frozen=True)
 class EvaluateConfig:
+    engine: Literal["auto", "hf", "vllm"]  # as generate.engine (greedy); vllm takes its options from generate.vllm
     max_new_tokens: int
     batch_size: int
     device: str
@@ -269,6 +274,14 @@ class EvaluateConfig:
 class IterateConfig:
     """Read by `rlpipe iterate` / `rlpipe run` / `rlpipe gc`, never by a stage (so changing it re-runs nothing)."""
     keep_checkpoints: int  # K: keep the DVC-cached checkpoints of the last K iterations, prune older ones; 0 = keep all
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Warm servers of `rlpipe run` (and `rlpipe worker start`); read by no stage, so changing it re-runs nothing."""
+    stage_server: bool  # run stage commands in forks of a process that imported torch & co. once
+    engine_server: bool | Literal["auto"]  # keep one generation engine across stages; auto = when generation is vllm
+    engine_sleep: bool  # vLLM frees its GPU memory between requests (train/reference on the same GPU)
 
 
 @dataclass(frozen=True)
@@ -291,6 +304,7 @@ class Params:
     reward_model: RewardModelConfig
     evaluate: EvaluateConfig
     iterate: IterateConfig
+    worker: WorkerConfig
 
 
 # ----------------------------------------------------------------------------------------------
@@ -450,6 +464,7 @@ def _check_consistency(params: Params, path: Path) -> None:
     need(params.score.row_timeout_s is None or params.score.row_timeout_s > 0, "score.row_timeout_s must be > 0 or null")
     need(t.max_skipped_steps >= 0, "train.max_skipped_steps must be >= 0")
     need(t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps must be >= 0 (0 = off)")
+    need(t.checkpoint_every_s >= 0, "train.checkpoint_every_s must be >= 0 (0 = off)")
     need(params.reference.refresh_every >= 0, "reference.refresh_every must be >= 0")
     need(params.iterate.keep_checkpoints >= 0, "iterate.keep_checkpoints must be >= 0 (0 = keep all)")
     a = params.advantage

@@ -5,45 +5,49 @@ are on disk) or a git revision of the project: a tag such as ``iteration-3`` (or
 branch, a commit. For a revision, metrics and params come from git (``git show REV:path``; the
 metrics are committed by ``rlpipe iterate``) and the eval rollouts, a DVC output, through
 ``dvc.api.read(path, rev=REV)``, which reads them from the local DVC cache (or a remote) without
-touching the workspace.
+touching the workspace (rlpipe.reports.sources). Each headline metric says which way is better
+(``HEADLINES``: the one place), so a change can be called better or worse; the params that differ
+between the sides are listed, and each flipped prompt comes with the `rlpipe inspect` command that
+shows it on either side.
 """
 from __future__ import annotations
 
 import json
-import subprocess
-import tempfile
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
-import yaml
 
 from rlpipe.errors import ArtifactError
-from rlpipe.inspect import read_project_paths
 from rlpipe.io import read_artifact, read_json
-from rlpipe.schema import EVAL_ROLLOUTS, PROMPTS, ArtifactSchema
+from rlpipe.reports import sources
+from rlpipe.schema import EVAL_ROLLOUTS, PROMPTS
 
-# (label, stage, key in metrics/<stage>.json); the first key present wins.
+HIGHER, LOWER = "higher", "lower"  # which way a metric is better; None: a change to read, not to judge
+# (label, stage, keys in metrics/<stage>.json (the first present wins), direction). KL, clip fraction,
+# entropy, lengths and grad norm have no better side: a rise can be learning or drift.
 HEADLINES = (
-    ("eval accuracy", "evaluate", ("accuracy",)),
-    ("eval reward mean", "evaluate", ("reward_mean",)),
-    ("eval completion length", "evaluate", ("length_mean",)),
-    ("eval truncation rate", "evaluate", ("truncation_rate",)),
-    ("train reward mean", "score", ("reward_mean",)),
-    ("train sample accuracy", "score", ("accuracy",)),
-    ("train completion length", "generate", ("length_mean",)),
-    ("train truncation rate", "generate", ("truncation_rate",)),
-    ("zero-variance group share", "advantage", ("zero_variance_fraction",)),
-    ("KL to reference (trainer, kl_ref)", "train", ("kl_ref",)),
-    ("KL sampler vs reference (k1)", "reference_logprob", ("kl_sampler_ref_k1",)),
-    ("clip fraction", "train", ("clip_fraction",)),
-    ("approx KL to pi_old", "train", ("approx_kl_old",)),
-    ("entropy (pi_old)", "train", ("entropy_old",)),
-    ("grad norm (mean)", "train", ("grad_norm_mean",)),
-    ("policy version evaluated", "evaluate", ("policy_version",)),
+    ("eval accuracy", "evaluate", ("accuracy",), HIGHER),
+    ("eval reward mean", "evaluate", ("reward_mean",), HIGHER),
+    ("eval completion length", "evaluate", ("length_mean",), None),
+    ("eval truncation rate", "evaluate", ("truncation_rate",), LOWER),
+    ("train reward mean", "score", ("reward_mean",), HIGHER),
+    ("train sample accuracy", "score", ("accuracy",), HIGHER),
+    ("train completion length", "generate", ("length_mean",), None),
+    ("train truncation rate", "generate", ("truncation_rate",), LOWER),
+    ("zero-variance group share", "advantage", ("zero_variance_fraction",), LOWER),
+    ("KL to reference (trainer, kl_ref)", "train", ("kl_ref",), None),
+    ("KL sampler vs reference (k1)", "reference_logprob", ("kl_sampler_ref_k1",), None),
+    ("clip fraction", "train", ("clip_fraction",), None),
+    ("approx KL to pi_old", "train", ("approx_kl_old",), None),
+    ("entropy (pi_old)", "train", ("entropy_old",), None),
+    ("grad norm (mean)", "train", ("grad_norm_mean",), None),
+    ("policy version evaluated", "evaluate", ("policy_version",), None),
 )
 STAGES = ("generate", "score", "reference_logprob", "advantage", "train", "evaluate")
+SECONDS_DIRECTION = LOWER  # a stage's wall time
 
 
 @dataclass
@@ -53,21 +57,17 @@ class Side:
     eval_rollouts: pl.DataFrame | None
     eval_prompts: pl.DataFrame | None
     notes: list[str] = field(default_factory=list)
-
-
-def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
-
-
-def _is_revision(repo: Path, rev: str) -> bool:
-    return _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").returncode == 0
+    params: dict[str, Any] = field(default_factory=dict)
+    inspect: str = ""  # the `rlpipe inspect` arguments that read this side: "DIR" or "REPO --rev REV"
 
 
 def _read_dir(root: Path) -> Side:
-    paths = read_project_paths(root)
+    params = sources.read_params(root)
+    paths = sources.project_paths(params)
     mdir = root / (paths.get("metrics_dir") or "metrics")
     metrics = {f.stem: read_json(f) for f in sorted(mdir.glob("*.json"))} if mdir.is_dir() else {}
-    side = Side(label=str(root), metrics=metrics, eval_rollouts=None, eval_prompts=None)
+    side = Side(label=str(root), metrics=metrics, eval_rollouts=None, eval_prompts=None, params=params,
+                inspect=shlex.quote(str(root)))
     for attr, key, schema in (("eval_rollouts", "eval_rollouts", EVAL_ROLLOUTS), ("eval_prompts", "eval_prompts", PROMPTS)):
         f = root / (paths.get(key) or "")
         if paths.get(key) and f.is_file():
@@ -77,42 +77,29 @@ def _read_dir(root: Path) -> Side:
     return side
 
 
-def _dvc_artifact(repo: Path, rev: str, path: str, schema: ArtifactSchema) -> pl.DataFrame:
-    """An artifact as it was at ``rev``, read through DVC (local cache or remote), validated."""
-    import dvc.api
-
-    data = dvc.api.read(path, repo=str(repo), rev=rev, mode="rb")
-    with tempfile.TemporaryDirectory() as tmp:
-        f = Path(tmp) / Path(path).name
-        f.write_bytes(data)
-        return read_artifact(f, schema).frame
-
-
 def _read_revision(repo: Path, rev: str, label: str) -> Side:
-    shown = _git(repo, "show", f"{rev}:params.yaml")
-    if shown.returncode != 0:
-        raise ArtifactError(f"{label}: no params.yaml at revision {rev} of {repo}")
-    data = yaml.safe_load(shown.stdout) or {}
+    data = sources.read_params(repo, rev)
     paths = data.get("paths") or {}
     mdir = paths.get("metrics_dir") or "metrics"
     metrics: dict[str, dict[str, Any]] = {}
-    listing = _git(repo, "ls-tree", "--name-only", f"{rev}:{mdir}")
+    listing = sources.git(repo, "ls-tree", "--name-only", f"{rev}:{mdir}")
     for name in listing.stdout.split() if listing.returncode == 0 else []:
         if name.endswith(".json"):
-            metrics[name.removesuffix(".json")] = json.loads(_git(repo, "show", f"{rev}:{mdir}/{name}").stdout)
-    side = Side(label=label, metrics=metrics, eval_rollouts=None, eval_prompts=None)
+            metrics[name.removesuffix(".json")] = json.loads(sources.git(repo, "show", f"{rev}:{mdir}/{name}").stdout)
+    side = Side(label=label, metrics=metrics, eval_rollouts=None, eval_prompts=None, params=data,
+                inspect=f"{shlex.quote(str(repo))} --rev {shlex.quote(rev)}")
     if not metrics:
         side.notes.append(f"{label}: no metrics committed under {mdir}/ at {rev}")
     for attr, key, schema in (("eval_rollouts", "eval_rollouts", EVAL_ROLLOUTS), ("eval_prompts", "eval_prompts", PROMPTS)):
         if not paths.get(key):
             continue
         try:
-            setattr(side, attr, _dvc_artifact(repo, rev, paths[key], schema))
+            setattr(side, attr, sources.read_artifact_at(repo, rev, paths[key], schema).frame)
         except ArtifactError:
             raise
         except Exception as e:  # noqa: BLE001 - DVC raises many types (missing cache, no remote, ...)
             side.notes.append(f"{label}: could not read {paths[key]} at {rev} through DVC "
-                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+                              f"({sources.dvc_read_problem(e)})")
     return side
 
 
@@ -121,14 +108,8 @@ def resolve(spec: str, repo: Path) -> Side:
     path = Path(spec)
     if path.is_dir():
         return _read_dir(path)
-    if not (repo / ".git").exists() and _git(repo, "rev-parse", "--git-dir").returncode != 0:
-        raise ArtifactError(f"{spec!r}: not a directory, and {repo} is not a git repository to look it up in")
-    for rev in ([f"iteration-{spec}", spec] if spec.isdigit() else [spec]):
-        if _is_revision(repo, rev):
-            return _read_revision(repo, rev, spec if rev == spec else f"{spec} ({rev})")
-    tags = _git(repo, "tag", "--list", "iteration-*").stdout.split()
-    raise ArtifactError(f"{spec!r}: neither a directory nor a git revision of {repo}"
-                        + (f"; iteration tags: {', '.join(tags)}" if tags else "; no iteration-* tags yet"))
+    rev = sources.resolve_revision(repo, spec)
+    return _read_revision(repo, rev, spec if rev == spec else f"{spec} ({rev})")
 
 
 def _metric(side: Side, stage: str, keys: tuple[str, ...]) -> Any:
@@ -136,19 +117,42 @@ def _metric(side: Side, stage: str, keys: tuple[str, ...]) -> Any:
     return next((m[k] for k in keys if k in m), None)
 
 
+def judge(delta: float | None, direction: str | None) -> str | None:
+    """'better', 'worse' or 'same' for a change of a metric whose better side is ``direction``; None: not judged."""
+    if delta is None or direction is None:
+        return None
+    if delta == 0:
+        return "same"
+    return "better" if (delta > 0) == (direction == HIGHER) else "worse"
+
+
+def _row(label: str, va: Any, vb: Any, direction: str | None) -> dict[str, Any]:
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
+    delta = vb - va if numbers else None
+    return {"metric": label, "a": va, "b": vb, "delta": delta, "direction": direction,
+            "change": judge(delta, direction)}
+
+
 def headline_rows(a: Side, b: Side) -> list[dict[str, Any]]:
-    rows = []
-    for label, stage, keys in HEADLINES:
-        va, vb = _metric(a, stage, keys), _metric(b, stage, keys)
-        delta = vb - va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) else None
-        rows.append({"metric": label, "a": va, "b": vb, "delta": delta})
+    rows = [_row(label, _metric(a, stage, keys), _metric(b, stage, keys), direction)
+            for label, stage, keys, direction in HEADLINES]
     for stage in STAGES:
         va = ((a.metrics.get(stage) or {}).get("seconds") or {}).get("total")
         vb = ((b.metrics.get(stage) or {}).get("seconds") or {}).get("total")
         if va is not None or vb is not None:
-            rows.append({"metric": f"seconds: {stage}", "a": va, "b": vb,
-                         "delta": vb - va if va is not None and vb is not None else None})
+            rows.append(_row(f"seconds: {stage}", va, vb, SECONDS_DIRECTION))
     return rows
+
+
+ABSENT = "(absent)"
+
+
+def params_diff(a: Side, b: Side) -> list[dict[str, Any]]:
+    """Every params.yaml key (dotted) whose value differs between the sides, in A's key order then B's."""
+    fa, fb = sources.flatten(a.params), sources.flatten(b.params)
+    keys = [*fa, *(k for k in fb if k not in fa)]
+    return [{"key": k, "a": fa.get(k, ABSENT), "b": fb.get(k, ABSENT)} for k in keys
+            if fa.get(k, ABSENT) != fb.get(k, ABSENT)]
 
 
 def flips(a: Side, b: Side, *, show: int) -> dict[str, Any] | None:
@@ -168,7 +172,9 @@ def flips(a: Side, b: Side, *, show: int) -> dict[str, Any] | None:
             frame = frame.join(prompts.select("prompt_id", "prompt", "answer"), on="prompt_id", how="left")
         return [{"prompt_id": r["prompt_id"], "prompt": r.get("prompt"), "answer": r.get("answer"),
                  "completion_a": r["completion_text"], "completion_b": r["completion_text_b"],
-                 "reward_a": r["reward"], "reward_b": r["reward_b"]}
+                 "reward_a": r["reward"], "reward_b": r["reward_b"],
+                 "inspect_a": f"rlpipe inspect {a.inspect} --eval --prompt-id {r['prompt_id']}",
+                 "inspect_b": f"rlpipe inspect {b.inspect} --eval --prompt-id {r['prompt_id']}"}
                 for r in frame.sort("prompt_id").head(show).iter_rows(named=True)]
 
     return {
@@ -187,6 +193,6 @@ def diff_data(spec_a: str, spec_b: str, *, repo: str | Path = ".", show: int = 1
     """Everything `rlpipe diff` shows: headline metrics of both sides and held-out flips."""
     root = Path(repo)
     a, b = resolve(spec_a, root), resolve(spec_b, root)
-    return {"a": a.label, "b": b.label, "metrics": headline_rows(a, b), "flips": flips(a, b, show=show),
-            "notes": [*a.notes, *b.notes]}
+    return {"a": a.label, "b": b.label, "metrics": headline_rows(a, b), "params": params_diff(a, b),
+            "flips": flips(a, b, show=show), "notes": [*a.notes, *b.notes]}
 

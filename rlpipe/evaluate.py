@@ -6,19 +6,15 @@ from typing import Any
 import polars as pl
 
 from rlpipe.config import EvaluateConfig, ScoreConfig
-from rlpipe.engines.base import PromptRequest, SamplingParams
-from rlpipe.engines.hf import HFEngine
+from rlpipe.engines.base import GenerationEngine, PromptRequest, SamplingParams
+from rlpipe.generate import GREEDY_TEMPERATURE
 from rlpipe.scoring import score_rows
 
-GREEDY = 0.0  # temperature 0 = argmax: accuracy of the policy's mode, comparable across iterations
 
-
-def evaluate_policy(model: Any, prompts: pl.DataFrame, *, cfg: EvaluateConfig, score_cfg: ScoreConfig,
-                    eos_token_ids: list[int], pad_token_id: int, policy_version: int,
-                    decode: Any) -> tuple[pl.DataFrame, dict[str, Any]]:
-    engine = HFEngine.from_model(model, batch_size=cfg.batch_size, eos_token_ids=eos_token_ids,
-                                 pad_token_id=pad_token_id)
-    params = SamplingParams(temperature=GREEDY, top_p=1.0, top_k=0, max_new_tokens=cfg.max_new_tokens)
+def evaluate_policy(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: EvaluateConfig, score_cfg: ScoreConfig,
+                    policy_version: int, decode: Any) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """Greedy completions of every prompt by ``engine`` (see `rlpipe.generate.build_engine`), scored."""
+    params = SamplingParams(temperature=GREEDY_TEMPERATURE, top_p=1.0, top_k=0, max_new_tokens=cfg.max_new_tokens)
     requests = [PromptRequest(prompt_token_ids=tuple(ids), seed=0, n=1) for ids in prompts["prompt_token_ids"]]
     results = engine.generate(requests, params)
     completions = [group[0] for group in results]

@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from rlpipe.config import GenerateConfig
+from rlpipe.config import GenerateConfig, VLLMConfig
 from rlpipe.engines.base import Completion, GenerationEngine, PromptRequest, SamplingParams, derive_seed
 from rlpipe.errors import ArtifactError, ConfigError
 
@@ -58,18 +58,23 @@ def sampling_params(cfg: GenerateConfig) -> SamplingParams:
 
 
 ENGINES = ("hf", "vllm")
+GREEDY_TEMPERATURE = 0.0  # evaluate's decoding: argmax, the policy's mode, comparable across iterations
 
 
 def choose_engine(cfg: GenerateConfig) -> str:
-    """The engine ``generate.engine`` names; ``auto``: vllm when ``generate.device`` is CUDA, a GPU is
-    visible and vllm imports, else hf.
+    """The engine ``generate.engine`` names; ``auto``: see `resolve_engine`."""
+    return resolve_engine(cfg.engine, cfg.device)
+
+
+def resolve_engine(engine: str, device: str) -> str:
+    """``engine`` itself, or for ``auto``: vllm when ``device`` is CUDA, a GPU is visible and vllm imports, else hf.
 
     Neither check initialises CUDA (``torch.cuda.is_available`` counts devices without creating a
     context), so vLLM can still start its workers in this process afterwards.
     """
-    if cfg.engine != "auto":
-        return cfg.engine
-    if not cfg.device.startswith("cuda"):
+    if engine != "auto":
+        return engine
+    if not device.startswith("cuda"):
         return "hf"
     import torch
 
@@ -82,34 +87,52 @@ def choose_engine(cfg: GenerateConfig) -> str:
 
 def make_engine(cfg: GenerateConfig, *, engine: str, model_dir: str, eos_token_ids: list[int],
                 pad_token_id: int) -> GenerationEngine:
-    """Build engine `engine` ("hf" | "vllm", see `choose_engine`) for the model in `model_dir`.
+    """Build engine `engine` ("hf" | "vllm", see `choose_engine`) for the model in `model_dir` with generate's settings."""
+    return build_engine(engine, device=cfg.device, dtype=cfg.dtype, batch_size=cfg.batch_size, vllm=cfg.vllm,
+                        temperature=cfg.temperature, model_dir=model_dir, eos_token_ids=eos_token_ids,
+                        pad_token_id=pad_token_id, section="generate")
+
+
+def build_engine(engine: str, *, device: str, dtype: str, batch_size: int, vllm: VLLMConfig, temperature: float,
+                 model_dir: str, eos_token_ids: list[int], pad_token_id: int, section: str) -> GenerationEngine:
+    """An engine for the model in ``model_dir``: the project's engine server when one runs with these
+    settings (rlpipe/worker/engine_server.py), else one built here.
 
     hf loads the model here with transformers; vllm loads the weights itself, and must be built before
-    anything in this process initialises CUDA.
+    anything in this process initialises CUDA. ``section``: the params section the settings come from,
+    named in errors (generate, evaluate).
     """
+    if engine not in ENGINES:
+        raise ConfigError(f"{section}.engine: unknown engine {engine!r}; valid: {list(ENGINES)}")
+    if engine == "vllm":
+        from rlpipe.engines.vllm import VLLM_MIN_TEMPERATURE
+
+        if device != "cuda":
+            raise ConfigError(f"{section}.device: the vllm engine runs on the GPUs that CUDA_VISIBLE_DEVICES shows; "
+                              f"set it to 'cuda' (got {device!r})")
+        if 0.0 < temperature < VLLM_MIN_TEMPERATURE:
+            raise ConfigError(f"generate.temperature: {temperature} is below vLLM's smallest temperature "
+                              f"{VLLM_MIN_TEMPERATURE} (vLLM would sample at {VLLM_MIN_TEMPERATURE}); use the hf engine")
+    from rlpipe.worker.engine_client import engine_settings, remote_engine
+
+    settings = engine_settings(engine, device=device, dtype=dtype, batch_size=batch_size, vllm=vllm)
+    remote = remote_engine(settings, model_dir=model_dir, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
+    if remote is not None:
+        return remote
     if engine == "hf":
         from rlpipe.engines.hf import HFEngine
         from rlpipe.models import load_model
 
-        model = load_model(model_dir, device=cfg.device, dtype=cfg.dtype)
-        return HFEngine.from_model(model, batch_size=cfg.batch_size, eos_token_ids=eos_token_ids,
+        model = load_model(model_dir, device=device, dtype=dtype)
+        return HFEngine.from_model(model, batch_size=batch_size, eos_token_ids=eos_token_ids,
                                    pad_token_id=pad_token_id)
-    if engine == "vllm":
-        from rlpipe.engines.vllm import VLLM_MIN_TEMPERATURE, VLLMEngine
+    from rlpipe.engines.vllm import VLLMEngine
 
-        if cfg.device != "cuda":
-            raise ConfigError(f"generate.device: the vllm engine runs on the GPUs that CUDA_VISIBLE_DEVICES shows; "
-                              f"set it to 'cuda' (got {cfg.device!r})")
-        if cfg.temperature < VLLM_MIN_TEMPERATURE:
-            raise ConfigError(f"generate.temperature: {cfg.temperature} is below vLLM's smallest temperature "
-                              f"{VLLM_MIN_TEMPERATURE} (vLLM would sample at {VLLM_MIN_TEMPERATURE}); use the hf engine")
-        v = cfg.vllm
-        return VLLMEngine(model_dir, dtype=cfg.dtype, eos_token_ids=eos_token_ids,
-                          tensor_parallel_size=v.tensor_parallel_size, data_parallel_size=v.data_parallel_size,
-                          gpu_memory_utilization=v.gpu_memory_utilization,
-                          enable_prefix_caching=v.enable_prefix_caching, enforce_eager=v.enforce_eager,
-                          max_model_len=v.max_model_len)
-    raise ConfigError(f"generate.engine: unknown engine {engine!r}; valid: {list(ENGINES)}")
+    return VLLMEngine(model_dir, dtype=dtype, eos_token_ids=eos_token_ids,
+                      tensor_parallel_size=vllm.tensor_parallel_size, data_parallel_size=vllm.data_parallel_size,
+                      gpu_memory_utilization=vllm.gpu_memory_utilization,
+                      enable_prefix_caching=vllm.enable_prefix_caching, enforce_eager=vllm.enforce_eager,
+                      max_model_len=vllm.max_model_len)
 
 
 def generate_rollouts(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: GenerateConfig, seed: int,

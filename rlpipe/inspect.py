@@ -2,8 +2,10 @@
 
 Plain functions returning polars frames and JSON-ready dicts; ``rlpipe.render`` draws them (rich,
 HTML) and ``rlpipe.cli`` only parses options. A project directory is read through the paths in
-its params.yaml (read leniently, so an older run's params still work); a single artifact file is
-read alone, identified by the schema named in its footer.
+its params.yaml (read leniently, so an older run's params still work), as it is on disk or as it
+was at a git revision (``rev``: params from git, artifacts through DVC); a single artifact file is
+read alone, identified by the schema named in its footer. Which rows ``show`` picks, when no sort
+is asked for, is ``rlpipe.reports.selection``'s informative order.
 
 Columns added to the joined rows (documented in docs/inspect.md), usable in --where/--sort/--color-by:
   per token   log_ratio = new - old log-prob (what training changed), sampler_mismatch = old - sampler
@@ -19,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import yaml
 
 from rlpipe.decode import TokenDecoder, fallback_pieces, find_decoder
 from rlpipe.errors import ArtifactError
 from rlpipe.io import Artifact, join_on_keys, read_artifact, read_metadata
+from rlpipe.reports import sources
+from rlpipe.reports.selection import informative_order, one_sample_per_prompt
 from rlpipe.schema import (ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS,
                            get_schema)
 
@@ -51,23 +54,18 @@ class Loaded:
     artifacts: dict[str, Artifact]
     missing: dict[str, str] = field(default_factory=dict)  # role -> path that does not exist
     model_dirs: list[Path] = field(default_factory=list)  # where a tokenizer may be found, in order
+    root: Path | None = None  # the project directory (None: a file outside any project)
+    params: dict[str, Any] | None = None  # its params.yaml (at ``rev``), read leniently
+    rev: str | None = None  # the git revision read, None for the files on disk
+    notes: list[str] = field(default_factory=list)  # why an artifact could not be read at ``rev``
 
 
 def read_project_paths(root: Path) -> dict[str, Any]:
-    """params.yaml's `paths` plus policy/reference paths, read without the strict loader.
+    """params.yaml's `paths` plus the policy's path, read without the strict loader.
 
     Why lenient: inspect and diff also read older runs, whose params may predate a key.
     """
-    pfile = root / "params.yaml"
-    if not pfile.is_file():
-        raise ArtifactError(f"{root}: no params.yaml here; pass a project directory or one artifact (.parquet) file")
-    try:
-        data = yaml.safe_load(pfile.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ArtifactError(f"{pfile}: not valid YAML: {e}") from None
-    paths = dict(data.get("paths") or {})
-    paths["policy"] = (data.get("policy") or {}).get("path")
-    return paths
+    return sources.project_paths(sources.read_params(root))
 
 
 def _find_project(start: Path) -> Path | None:
@@ -81,11 +79,18 @@ def _model_dirs(root: Path, paths: dict[str, Any]) -> list[Path]:
     return [root / p for p in (paths.get("policy"), paths.get("model_dir"), paths.get("checkpoint")) if p]
 
 
-def load(target: str | Path, *, eval_view: bool = False) -> Loaded:
-    """Read a project directory's iteration artifacts (train side, or eval with ``eval_view``) or one file."""
+def load(target: str | Path, *, eval_view: bool = False, rev: str | None = None) -> Loaded:
+    """Read a project directory's iteration artifacts (train side, or eval with ``eval_view``) or one file.
+
+    With ``rev``, the directory's params.yaml and artifacts as they were at that git revision.
+    """
     path = Path(target)
     if not path.exists():
         raise ArtifactError(f"{path}: no such file or directory")
+    if rev is not None:
+        if path.is_file():
+            raise ArtifactError(f"--rev {rev}: give the project directory, not a file ({path})")
+        return _load_revision(path, rev, eval_view=eval_view)
     if path.is_file():
         meta = read_metadata(path)
         try:
@@ -93,13 +98,17 @@ def load(target: str | Path, *, eval_view: bool = False) -> Loaded:
         except KeyError:
             raise ArtifactError(f"{path}: footer names unknown artifact {meta.get('artifact')!r}") from None
         project = _find_project(path.resolve().parent)
+        params = None
         try:  # only to find a tokenizer: a broken params.yaml elsewhere must not stop reading the file
-            dirs = _model_dirs(project, read_project_paths(project)) if project else []
+            params = sources.read_params(project) if project else None
+            dirs = _model_dirs(project, sources.project_paths(params)) if project else []
         except ArtifactError:
             dirs = []
         return Loaded(label=str(path), view=schema.name, base=schema.name,
-                      artifacts={schema.name: read_artifact(path, schema)}, model_dirs=dirs)
-    paths = read_project_paths(path)
+                      artifacts={schema.name: read_artifact(path, schema)}, model_dirs=dirs, root=project,
+                      params=params)
+    params = sources.read_params(path)
+    paths = sources.project_paths(params)
     roles = EVAL_ROLES if eval_view else TRAIN_ROLES
     found, missing = {}, {}
     for role, key, schema in roles:
@@ -115,7 +124,40 @@ def load(target: str | Path, *, eval_view: bool = False) -> Loaded:
     if base not in found:
         raise ArtifactError(f"{missing.get(base, base)}: not found; run `dvc repro` (or `dvc checkout`) first")
     return Loaded(label=str(path), view="eval" if eval_view else "train", base=base, artifacts=found,
-                  missing=missing, model_dirs=_model_dirs(path, paths))
+                  missing=missing, model_dirs=_model_dirs(path, paths), root=path, params=params)
+
+
+def _load_revision(root: Path, spec: str, *, eval_view: bool) -> Loaded:
+    """The iteration artifacts of ``root`` at a git revision (``3`` = ``iteration-3``), read through DVC.
+
+    The tokenizer is the workspace's (a project's tokenizer does not change between iterations).
+    """
+    rev = sources.resolve_revision(root, spec, or_directory=False)
+    params = sources.read_params(root, rev)
+    paths = sources.project_paths(params)
+    roles = EVAL_ROLES if eval_view else TRAIN_ROLES
+    found, missing, notes = {}, {}, []
+    for role, key, schema in roles:
+        rel = paths.get(key)
+        if not rel:
+            continue
+        try:
+            found[role] = sources.read_artifact_at(root, rev, rel, schema)
+        except ArtifactError:
+            raise
+        except Exception as e:  # noqa: BLE001 - DVC raises many types (not in the cache, no remote, ...)
+            missing[role] = f"{rev}:{rel}"
+            notes.append(f"{rev}:{rel}: not readable through DVC ({sources.dvc_read_problem(e)})")
+    base = roles[0][0]
+    if base not in found:
+        raise ArtifactError(f"{missing.get(base, base)}: not found at revision {rev} "
+                            f"({'; '.join(notes) or 'no such path in params.yaml'}); `dvc fetch` it or check the tag")
+    try:
+        dirs = _model_dirs(root, read_project_paths(root))
+    except ArtifactError:
+        dirs = []
+    return Loaded(label=f"{root}@{rev}", view="eval" if eval_view else "train", base=base, artifacts=found,
+                  missing=missing, model_dirs=dirs, root=root, params=params, rev=rev, notes=notes)
 
 
 def joined_frame(loaded: Loaded) -> tuple[pl.DataFrame, list[str]]:
@@ -212,6 +254,9 @@ def group_table(frame: pl.DataFrame) -> pl.DataFrame:
                  (pl.col("reward").max() == pl.col("reward").min()).alias("zero_variance")]
     if "correct" in frame.columns:
         aggs.append(pl.col("correct").cast(pl.Int32).sum().alias("num_correct"))
+    identity = next((c for c in ("completion_token_ids", "completion_text") if c in frame.columns), None)
+    if identity:
+        aggs.append(pl.col(identity).n_unique().alias("distinct"))
     return frame.group_by("prompt_id").agg(aggs).sort("prompt_id")
 
 
@@ -262,6 +307,14 @@ def summarize(loaded: Loaded, frame: pl.DataFrame, *, total_rows: int, warnings:
                                                   for g, k, n in counts.iter_rows()]
     if "advantage" in cols:
         out["advantage"] = _stats(frame["advantage"])
+        if out["advantage"]["count"] == 0 and "token_advantages" in cols:
+            # GAE and REINFORCE++ give each token its own advantage: the sequence column is null by design.
+            out["token_advantage"] = _stats(_flat(frame, "token_advantages"))
+            estimator = sources.dotted(loaded.params or {}, "advantage.estimator")
+            who = f"advantage.estimator {estimator}" if estimator else "this estimator"
+            out["advantage_note"] = (f"per token only: {who} gives each token its own advantage, so the "
+                                     "sequence-level `advantage` column is empty; rows show the mean of their "
+                                     "token advantages")
     if "filtered_reason" in cols:
         reasons = frame["filtered_reason"].drop_nulls().value_counts().sort("filtered_reason")
         out["filtered"] = {r: int(n) for r, n in reasons.iter_rows()}
@@ -292,17 +345,33 @@ def summarize(loaded: Loaded, frame: pl.DataFrame, *, total_rows: int, warnings:
 # Rows to show: decoded prompt and completion, one value per token
 # ----------------------------------------------------------------------------------------------
 
-def select_rows(frame: pl.DataFrame, *, show: int | None, prompt_ids: list[int] | None) -> pl.DataFrame:
-    """The rows to print: every sample of the given prompts and/or the first ``show`` rows."""
+ORDER_NOTES = {
+    "informative": "most informative first: mixed-reward groups before zero-variance ones, largest |advantage| "
+                   "first; the best and the worst distinct completion of each group, then the next ones",
+    "informative_single": "one sample per prompt: lowest reward first, so the wrong answers lead",
+    "sorted": "in --sort order",
+    "prompt": "every sample of the --prompt-id prompts, in sample order",
+}
+
+
+def select_rows(frame: pl.DataFrame, *, show: int | None, prompt_ids: list[int] | None,
+                sorted_by_user: bool = False) -> tuple[pl.DataFrame, str, dict[tuple, list[int]]]:
+    """The rows to print, how they were picked (a key of ORDER_NOTES) and each row's identical completions.
+
+    ``--prompt-id``: every sample of those prompts (the first ``show``); ``--sort``: the first ``show``
+    rows in that order; otherwise ``show`` rows in informative order, each distinct completion once.
+    """
     if prompt_ids:
         if "prompt_id" not in frame.columns:
             raise ArtifactError("--prompt-id: the inspected table has no prompt_id column")
         frame = frame.filter(pl.col("prompt_id").is_in(prompt_ids))
         if frame.height == 0:
             raise ArtifactError(f"--prompt-id {prompt_ids}: no such prompt among the selected rows")
-    if show is not None:
-        frame = frame.head(show)
-    return frame
+        return (frame if show is None else frame.head(show)), "prompt", {}
+    if sorted_by_user:
+        return (frame if show is None else frame.head(show)), "sorted", {}
+    rows, dups = informative_order(frame, show)
+    return rows, "informative_single" if one_sample_per_prompt(frame) else "informative", dups
 
 
 SCALAR_FIELDS = ("prompt_id", "sample_idx", "reward", "correct", "advantage", "completion_length", "finish_reason",
@@ -311,12 +380,22 @@ SCALAR_FIELDS = ("prompt_id", "sample_idx", "reward", "correct", "advantage", "c
                  "seq_mismatch_max", "seq_entropy")
 
 
-def row_records(rows: pl.DataFrame, *, decoder: TokenDecoder | None, color_by: str | None) -> list[dict[str, Any]]:
-    """JSON-ready rows: scalar fields, reward components, prompt text, token texts and per-token values."""
+def row_records(rows: pl.DataFrame, *, decoder: TokenDecoder | None, color_by: str | None,
+                duplicates: dict[tuple, list[int]] | None = None) -> list[dict[str, Any]]:
+    """JSON-ready rows: scalar fields, reward components, prompt text, token texts and per-token values.
+
+    ``same_completion`` lists the sample_idx of the group's other samples with identical tokens (only
+    when the informative order collapsed them); ``token_advantage_mean`` is set where the estimator
+    has no sequence advantage.
+    """
     per_token = [c for c in COLOR_COLUMNS if c in rows.columns]
     records = []
     for row in rows.iter_rows(named=True):
         rec: dict[str, Any] = {k: _json_value(row[k]) for k in SCALAR_FIELDS if k in row}
+        rec["same_completion"] = list((duplicates or {}).get((row.get("prompt_id"), row.get("sample_idx")), []))
+        if row.get("advantage") is None and row.get("token_advantages") is not None:
+            tokens = [v for v in row["token_advantages"] if v is not None]
+            rec["token_advantage_mean"] = _num(sum(tokens) / len(tokens)) if tokens else None
         rec["components"] = {k.removeprefix("reward_"): _json_value(v) for k, v in row.items()
                              if k.startswith("reward_")}
         prompt = row.get("prompt")
@@ -343,34 +422,47 @@ def _json_value(v: Any) -> Any:
 
 def inspect_data(target: str | Path, *, eval_view: bool = False, where: str | None = None, sort: str | None = None,
                  descending: bool = False, show: int | None = None, prompt_ids: list[int] | None = None,
-                 color_by: str | None = None, tokenizer: str | None = None) -> dict[str, Any]:
+                 color_by: str | None = None, tokenizer: str | None = None, rev: str | None = None) -> dict[str, Any]:
     """Everything `rlpipe inspect` shows, as data: ``{"summary", "rows", "groups", "color_by", "tokenizer"}``.
 
     ``rows`` is empty unless ``show`` or ``prompt_ids`` asks for rows; ``groups`` holds the full-group
-    statistics (size, reward mean/std, number correct) of every prompt that has a shown row.
+    statistics (size, reward mean/std, number correct, distinct completions, rows shown) of every
+    prompt that has a shown row. ``summary["run"]`` says where the rows come from (params, policy
+    version, git commit) and ``summary["selection"]`` how they were selected and ordered.
     """
     from rlpipe.exprs import filter_frame, sort_frame
 
-    loaded = load(target, eval_view=eval_view)
+    loaded = load(target, eval_view=eval_view, rev=rev)
     full, warnings = joined_frame(loaded)
+    warnings = [*loaded.notes, *warnings]
     frame = full
     if where:
         frame = filter_frame(frame, where)
     if sort:
         frame = sort_frame(frame, sort, descending=descending)
     summary = summarize(loaded, frame, total_rows=full.height, warnings=warnings)
+    base = loaded.artifacts[loaded.base]
+    summary["run"] = sources.run_metadata(loaded.root, loaded.params, rev=loaded.rev, base_metadata=base.metadata)
+    summary["selection"] = {"where": where, "sort": sort, "descending": bool(sort and descending),
+                            "prompt_ids": list(prompt_ids or []), "show": show, "order": None, "order_note": None,
+                            "rows_shown": 0}
     result: dict[str, Any] = {"summary": summary, "rows": [], "groups": {}, "color_by": None, "tokenizer": None}
     color = color_column(frame, color_by)  # options are validated even when no row is shown
     decoder = find_decoder(loaded.model_dirs, tokenizer) if tokenizer else None
     if show is None and not prompt_ids:
         return result
     decoder = decoder or find_decoder(loaded.model_dirs)
-    rows = select_rows(frame, show=show, prompt_ids=prompt_ids)
-    result["rows"] = row_records(rows, decoder=decoder, color_by=color)
+    rows, order, dups = select_rows(frame, show=show, prompt_ids=prompt_ids, sorted_by_user=bool(sort))
+    summary["selection"].update(order=order, order_note=ORDER_NOTES[order], rows_shown=rows.height)
+    result["rows"] = row_records(rows, decoder=decoder, color_by=color, duplicates=dups)
     result["color_by"] = color
     result["tokenizer"] = str(decoder.path) if decoder else None
     if "prompt_id" in full.columns and rows.height:
-        groups = group_table(full.filter(pl.col("prompt_id").is_in(rows["prompt_id"].unique().to_list())))
-        result["groups"] = {str(g["prompt_id"]): {k: _json_value(v) for k, v in g.items()}
+        shown_pids = rows["prompt_id"].unique().to_list()
+        groups = group_table(full.filter(pl.col("prompt_id").is_in(shown_pids)))
+        shown = rows.group_by("prompt_id").len()
+        shown_count = dict(zip(shown["prompt_id"].to_list(), shown["len"].to_list()))
+        result["groups"] = {str(g["prompt_id"]): {**{k: _json_value(v) for k, v in g.items()},
+                                                  "shown": shown_count.get(g["prompt_id"], 0)}
                             for g in groups.iter_rows(named=True)}
     return result

@@ -25,7 +25,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -33,6 +33,7 @@ from rlpipe.config import Params, load_params
 from rlpipe.errors import RlpipeError
 from rlpipe.history import HISTORY_CSV, write_history_csv
 from rlpipe.io import atomic_path, read_json, read_policy_version
+from rlpipe.run import dvc
 
 STATE_POLICY = "state/policy"
 STATE_REFERENCE = "state/reference"
@@ -121,8 +122,7 @@ def stale_stages(root: Path, *, ignore_state: bool = False) -> dict[str, Any]:
     ``generate`` and ``train`` (which read it) are reported stale for a reason that finishing the
     hand-over resolves; any other change (a params edit, a changed output) still stops it.
     """
-    out = _run(["dvc", "status", "--json"], root).strip()
-    status = json.loads(out) if out else {}
+    status = dvc.status(root)
     if not ignore_state:
         return status
     return {name: entries for name, entries in status.items()
@@ -223,10 +223,13 @@ def _prune(root: Path, params: Params, params_file: str) -> None:
         prune_checkpoints(root, keep=params.iterate.keep_checkpoints, params_file=params_file)
 
 
-def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit: bool = True) -> dict[str, Any]:
+def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit: bool = True,
+            just_reproduced: bool = False) -> dict[str, Any]:
     """Finish iteration k and set up k+1 (see module docstring); returns the history row of k.
 
     Safe to call again after it was killed at any point: it finishes what is left.
+    ``just_reproduced``: the caller's ``dvc repro`` of this iteration has just succeeded (`rlpipe run`),
+    so the ``dvc status`` check that the pipeline is up to date is skipped.
     """
     root = Path(root)
     if commit:
@@ -239,7 +242,7 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
         raise RlpipeError(f"{ckpt}: no trained checkpoint; run `dvc repro` for iteration {k} first")
     if version != k + 1:
         raise RlpipeError(f"{ckpt}: holds policy version {version}, expected {k + 1}; run `dvc repro` first")
-    stale = stale_stages(root, ignore_state=handover_started(root, params))
+    stale = {} if just_reproduced else stale_stages(root, ignore_state=handover_started(root, params))
     if stale:
         raise RlpipeError(f"the pipeline is not up to date (`dvc status` lists changes in {sorted(stale)}); "
                           "run `dvc repro` first")
@@ -256,12 +259,12 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
         _commit(root, f"rlpipe: iteration {k} (eval accuracy {row['eval_accuracy']})", params, tag=tag_name(k))
 
     _replace_dir(ckpt, root / STATE_POLICY)
-    _run(["dvc", "add", STATE_POLICY], root)
+    dvc.add(root, STATE_POLICY)
     updates: dict[str, Any] = {"iteration": k + 1, "policy.path": STATE_POLICY}
     K = params.reference.refresh_every
     if K > 0 and (k + 1) % K == 0:
         _replace_dir(ckpt, root / STATE_REFERENCE)
-        _run(["dvc", "add", STATE_REFERENCE], root)
+        dvc.add(root, STATE_REFERENCE)
         updates.update({"reference.path": STATE_REFERENCE, "reference.version": k + 1})
     updates.update(_carried_state(root, params, ckpt_version=k + 1))
     set_params(root / params_file, updates)
@@ -285,37 +288,12 @@ def _carried_state(root: Path, params: Params, *, ckpt_version: int) -> dict[str
             raise RlpipeError(f"{critic}: holds critic version {info.get('critic_version')}, expected {ckpt_version}; "
                               "run `dvc repro` first")
         _replace_dir(critic, root / STATE_CRITIC)
-        _run(["dvc", "add", STATE_CRITIC], root)
+        dvc.add(root, STATE_CRITIC)
         updates["critic.path"] = STATE_CRITIC
     kl = read_json(root / params.paths.kl_controller)
     if kl["in_reward"] and kl["adaptive"]:
         updates["advantage.kl_in_reward.beta"] = float(kl["next_beta"])
     return updates
-
-
-def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "params.yaml", commit: bool = True,
-                   on_iteration: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """``dvc repro`` + ``advance`` until params.yaml says iteration ``until`` (what ``rlpipe run`` does).
-
-    The target is absolute, so the same call after a crash does only what is left: ``dvc repro``
-    skips every stage that finished (their results are in dvc.lock and the cache), and an advance
-    that was cut short is finished before anything else runs.
-    """
-    root = Path(root)
-    rows: list[dict[str, Any]] = []
-    if commit:
-        finish_interrupted_start(root, params_file=params_file)
-    while (params := load_params(root / params_file)).iteration < until:
-        if not handover_started(root, params):
-            proc = subprocess.run(["dvc", "repro"], cwd=root)
-            if proc.returncode != 0:
-                raise RlpipeError(f"`dvc repro` failed (exit {proc.returncode}) in iteration {params.iteration}; "
-                                  f"fix the cause and run `rlpipe run --until {until}` to resume")
-        row = advance(root, params_file=params_file, commit=commit)
-        rows.append(row)
-        if on_iteration is not None:
-            on_iteration(row)
-    return rows
 
 
 def _commit(root: Path, message: str, params: Params, *, tag: str | None) -> None:

@@ -1,11 +1,15 @@
-"""Drawing `rlpipe inspect` / `rlpipe diff` results: rich for the terminal, one self-contained HTML page.
+"""What the terminal view and the HTML page of `rlpipe inspect` / `rlpipe diff` both draw.
 
-Both draw the dicts built by rlpipe.inspect / rlpipe.diff and share one colour scale, so a token
-has the same colour in the terminal and in the page.
+Both outputs (rlpipe.reports.terminal, rlpipe.reports.html) draw the dicts built by rlpipe.inspect /
+rlpipe.diff from the pieces defined here: the colour scale, the statistic lines with their nesting,
+the run lines, headers, number formats, and ``token_cells``, the one place a completion's tokens
+are turned into coloured cells. So a token has the same colour, and a statistic the same label, in
+the terminal and in the page.
 """
 from __future__ import annotations
 
-import html
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from rlpipe.inspect import COLOR_COLUMNS
@@ -14,37 +18,46 @@ WHITE = (255, 255, 255)
 # Colour at full intensity: negative / positive side of a diverging scale, "surprising" log-probs, entropy.
 NEGATIVE, POSITIVE, SURPRISE, MAGNITUDE = (215, 48, 31), (33, 113, 181), (230, 85, 13), (117, 107, 177)
 MAX_BLEND = 0.85  # the strongest colour stays light enough for black text
+# The colour range ends at this percentile of the shown values, not at the largest: one outlier token
+# (a log-ratio of 7.75 among values of 0.1) would otherwise leave every other token white.
+SCALE_PERCENTILE = 99
+BETTER, WORSE = "#1a7f37", "#c62828"  # diff: a change for the better / the worse (by the metric's direction)
 
 
 # ----------------------------------------------------------------------------------------------
 # Colour scale
 # ----------------------------------------------------------------------------------------------
 
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile: the smallest value with at least q% of the values at or below it."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
-def _label_table(title: str, value_column: str, lines) -> Any:
-    """A headerless two-column rich table of (label, value) lines (rich loads only when drawing)."""
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=title, title_justify="left", show_header=False)
-    table.add_column("what", style="cyan")
-    table.add_column(value_column)
-    for label, value in lines:
-        table.add_row(Text(label), Text(value))
-    return table
 
 def color_scale(records: list[dict[str, Any]], column: str | None) -> dict[str, Any] | None:
-    """The range the colours of ``column`` span over the shown rows (so they compare within one view)."""
+    """The range the colours of ``column`` span over the shown rows (so they compare within one view).
+
+    The range ends at the 99th percentile of the shown values (of |value| for a diverging column);
+    ``clipped`` counts the tokens beyond it, drawn at full colour, and ``extreme`` is the value the
+    plain maximum would have used.
+    """
     if column is None:
         return None
     values = [v for r in records for v in r.get("per_token", {}).get(column, []) if v is not None]
     kind = COLOR_COLUMNS[column]
+    scale: dict[str, Any] = {"column": column, "kind": kind, "tokens": len(values), "percentile": SCALE_PERCENTILE}
     if kind == "diverging":  # symmetric around 0
-        bound = max((abs(v) for v in values), default=0.0) or 1.0
-        return {"column": column, "kind": kind, "lo": -bound, "hi": bound}
-    if kind == "logprob":
-        return {"column": column, "kind": kind, "lo": max(min(values, default=-1.0), -20.0) or -1.0, "hi": 0.0}
-    return {"column": column, "kind": kind, "lo": 0.0, "hi": max(values, default=1.0) or 1.0}
+        size = [abs(v) for v in values]
+        bound = (percentile(size, SCALE_PERCENTILE) if size else 0.0) or max(size, default=0.0) or 1.0
+        scale.update(lo=-bound, hi=bound, extreme=max(size, default=0.0), clipped=sum(s > bound for s in size))
+    elif kind == "logprob":  # 0 (certain) down to the unlikely tail, never past -20
+        tail = -percentile([-v for v in values], SCALE_PERCENTILE) if values else -1.0
+        lo = max(tail, -20.0) or -1.0
+        scale.update(lo=lo, hi=0.0, extreme=min(values, default=0.0), clipped=sum(v < lo for v in values))
+    else:
+        hi = (percentile(values, SCALE_PERCENTILE) if values else 0.0) or max(values, default=0.0) or 1.0
+        scale.update(lo=0.0, hi=hi, extreme=max(values, default=0.0), clipped=sum(v > hi for v in values))
+    return scale
 
 
 def _blend(target: tuple[int, int, int], t: float) -> str:
@@ -73,6 +86,19 @@ LEGEND_NOTE = {"diverging": "red < 0 < blue", "logprob": "orange = unlikely toke
                "magnitude": "white = 0, purple = high"}
 
 
+def legend_range_note(scale: dict[str, Any]) -> str:
+    """How the range was chosen, in words: the percentile rule, the tokens past it, the extreme value."""
+    what = "|value|" if scale["kind"] == "diverging" else ("the lowest values" if scale["kind"] == "logprob"
+                                                           else "value")
+    edge = f"±{fmt(scale['hi'], 3)}" if scale["kind"] == "diverging" else fmt(
+        scale["lo"] if scale["kind"] == "logprob" else scale["hi"], 3)
+    note = (f"range {edge}: the {scale['percentile']}th percentile of {what} over the {scale['tokens']} shown "
+            f"tokens")
+    if scale["clipped"]:
+        note += f"; {scale['clipped']} token(s) beyond it at full colour (extreme {fmt(scale['extreme'], 3)})"
+    return note
+
+
 def visible(piece: str) -> str:
     """A token's text with newlines and tabs made visible, so every token keeps a visible cell."""
     return piece.replace("\n", "⏎").replace("\t", "⇥") or "·"
@@ -84,13 +110,63 @@ def fmt(v: Any, digits: int = 3) -> str:
     if isinstance(v, bool):
         return str(v).lower()
     if isinstance(v, float):
-        return f"{v:.{digits}g}" if abs(v) < 1e-3 and v != 0 else f"{v:.{digits}f}"
+        if v == 0:
+            return f"{0.0:.{digits}f}"  # never "-0.000"
+        return f"{v:.{digits}g}" if abs(v) < 1e-3 else f"{v:.{digits}f}"
     return str(v)
 
 
+def exact(v: Any) -> str:
+    """A value as precisely as a float32 column holds it (for tooltips and per-token tables)."""
+    return f"{v:.6g}" if isinstance(v, float) else fmt(v)
+
+
+@dataclass(frozen=True)
+class TokenCell:
+    """One completion token as drawn: its visible text, id, background colour and every per-token value."""
+
+    position: int
+    text: str
+    token_id: int | None
+    colour: str | None
+    values: dict[str, float | None]
+
+    def tooltip(self) -> str:
+        lines = [f"token {self.position}: {self.text!r}" + (f" (id {self.token_id})" if self.token_id is not None
+                                                             else "")]
+        lines += [f"{name} = {exact(v)}" for name, v in self.values.items()]
+        return "\n".join(lines)
+
+
+def token_cells(rec: dict[str, Any], column: str | None, scale: dict[str, Any] | None) -> list[TokenCell]:
+    """The tokens of one shown row, coloured by ``column`` on ``scale``: what both outputs draw.
+
+    The one place a completion is cut into cells, so a later view (turns of a multi-turn rollout,
+    only policy tokens coloured) changes what a cell holds here and both outputs follow.
+    """
+    pieces = rec.get("tokens") or []
+    ids = rec.get("token_ids") or [None] * len(pieces)
+    per_token = rec.get("per_token", {})
+    colouring = per_token.get(column) if column and scale else None
+    return [TokenCell(position=i, text=visible(piece), token_id=ids[i] if i < len(ids) else None,
+                      colour=token_color(colouring[i], scale) if colouring and i < len(colouring) else None,
+                      values={name: vals[i] for name, vals in per_token.items() if i < len(vals)})
+            for i, piece in enumerate(pieces)]
+
+
 # ----------------------------------------------------------------------------------------------
-# Summary as (label, value) lines, shared by both outputs
+# Run metadata, statistics and headers, shared by both outputs
 # ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Line:
+    """One statistic: a label, its value, its nesting under the line above, and a bar (0..1) for histograms."""
+
+    label: str
+    value: str
+    level: int = 0
+    bar: float | None = None
+
 
 def _stat(s: dict[str, Any] | None) -> str:
     if not s or s.get("mean") is None:
@@ -98,62 +174,105 @@ def _stat(s: dict[str, Any] | None) -> str:
     return f"{fmt(s['mean'])} ± {fmt(s['std'])}  [{fmt(s['min'])}, {fmt(s['max'])}]"
 
 
-def summary_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    """The statistics of an inspect summary as label/value pairs, in reading order."""
-    lines: list[tuple[str, str]] = [("rows", f"{summary['rows_selected']} of {summary['rows_total']}")]
+def run_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where the rows come from and how they were picked: params, policy version, commit, options."""
+    run, sel = summary.get("run") or {}, summary.get("selection") or {}
+    lines = [("source", f"{summary['source']} ({summary['view']} view)")]
+    if run.get("revision"):
+        lines.append(("git revision read", run["revision"]))
+    labels = {"iteration": "iteration (params.yaml)"}
+    lines += [(labels.get(k, k), fmt(v)) for k, v in (run.get("params") or {}).items()]
+    if run.get("policy_version") is not None:
+        lines.append(("policy version of the rows", fmt(run["policy_version"])))
+    if run.get("sampling"):
+        engine = f", engine {run['engine']}" if run.get("engine") else ""
+        lines.append(("sampling", ", ".join(f"{k} {fmt(v)}" for k, v in run["sampling"].items()) + engine))
+    g = run.get("git")
+    if g:
+        extra = [*(g.get("tags") or [])] + (["uncommitted changes"] if g.get("uncommitted_changes") else [])
+        lines.append(("git commit", g["commit"] + (f" ({', '.join(extra)})" if extra else "")))
+    elif "git" in run:
+        lines.append(("git commit", "- (not a git repository)"))
+    lines.append(("--where", sel.get("where") or "(none: every row)"))
+    sort = sel.get("sort")
+    lines.append(("--sort", f"{sort} ({'descending' if sel.get('descending') else 'ascending'})" if sort else "(none)"))
+    if sel.get("prompt_ids"):
+        lines.append(("--prompt-id", ", ".join(map(str, sel["prompt_ids"]))))
+    return lines
+
+
+def summary_lines(summary: dict[str, Any]) -> list[Line]:
+    """The statistics of an inspect summary in reading order, sub-rows one level under their parent."""
+    sel = summary.get("selection") or {}
+    rows = f"{summary['rows_selected']} selected of {summary['rows_total']}"
+    if sel.get("where"):
+        rows += " (by --where)"
+    if sel.get("order"):
+        rows += f"; {sel['rows_shown']} shown below"
+    lines = [Line("rows", rows)]
     if "reward" in summary:
-        lines.append(("reward (mean ± std [min, max])", _stat(summary["reward"])))
-        lines += [(f"  reward_{name}", _stat(s)) for name, s in summary.get("components", {}).items()]
+        lines.append(Line("reward (mean ± std [min, max])", _stat(summary["reward"])))
+        lines += [Line(f"reward_{name}", _stat(s), 1) for name, s in summary.get("components", {}).items()]
     if "accuracy" in summary:
-        lines.append(("accuracy (correct)", fmt(summary["accuracy"])))
+        lines.append(Line("accuracy (correct)", fmt(summary["accuracy"])))
     groups = summary.get("groups")
     if groups:
-        lines.append(("groups", f"{groups['count']} (mean size {fmt(groups['size_mean'], 2)}, "
-                                f"{groups['singletons']} singleton)"))
-        lines.append(("  zero-variance group share", fmt(groups["zero_variance_share"])))
-        lines.append(("  group reward mean", _stat(groups["group_mean"])))
-        lines.append(("  within-group reward std (mean)", fmt(groups["within_group_std_mean"])))
-        if groups.get("correct_per_group"):
-            lines.append(("  groups by number correct", "  ".join(
-                f"{c['correct']}/{c['of']}: {c['groups']}" for c in groups["correct_per_group"])))
+        lines.append(Line("groups", f"{groups['count']} (mean size {fmt(groups['size_mean'], 2)}, "
+                                    f"{groups['singletons']} singleton)"))
+        lines.append(Line("zero-variance group share", fmt(groups["zero_variance_share"]), 1))
+        lines.append(Line("group reward mean", _stat(groups["group_mean"]), 1))
+        lines.append(Line("within-group reward std (mean)", fmt(groups["within_group_std_mean"]), 1))
+        per = groups.get("correct_per_group") or []
+        if per:
+            lines.append(Line("groups by number correct", "", 1))
+            most = max(c["groups"] for c in per)
+            lines += [Line(f"{c['correct']}/{c['of']} correct", f"{c['groups']} group(s)", 2, c["groups"] / most)
+                      for c in per]
     if "advantage" in summary:
-        lines.append(("advantage", _stat(summary["advantage"])))
+        if summary.get("advantage_note"):
+            lines.append(Line("advantage", summary["advantage_note"]))
+            lines.append(Line("token advantage (mean ± std [min, max])", _stat(summary.get("token_advantage")), 1))
+        else:
+            lines.append(Line("advantage", _stat(summary["advantage"])))
     if summary.get("filtered"):
-        lines.append(("filtered out of the loss", ", ".join(f"{k}: {v}" for k, v in summary["filtered"].items())))
+        lines.append(Line("filtered out of the loss", ", ".join(f"{k}: {v}" for k, v in summary["filtered"].items())))
     if "length" in summary:
         ln = summary["length"]
-        lines.append(("completion length", f"mean {fmt(ln['mean'], 2)}  p50 {fmt(ln['p50'], 0)}  "
-                                           f"p90 {fmt(ln['p90'], 0)}  max {fmt(ln['max'], 0)}"))
-        total = max((h["count"] for h in ln["histogram"]), default=1)
+        lines.append(Line("completion length", f"mean {fmt(ln['mean'], 2)}  p50 {fmt(ln['p50'], 0)}  "
+                                               f"p90 {fmt(ln['p90'], 0)}  max {fmt(ln['max'], 0)}"))
+        most = max((h["count"] for h in ln["histogram"]), default=1)
         for h in ln["histogram"]:
             label = f"{h['from']}" if h["from"] == h["to"] else f"{h['from']}-{h['to']}"
-            lines.append((f"  length {label}", f"{'█' * max(1, round(30 * h['count'] / total))} {h['count']}"))
+            lines.append(Line(f"{label} tokens", f"{h['count']} row(s)", 1, h["count"] / most))
     if "truncation_rate" in summary:
-        lines.append(("truncation rate", fmt(summary["truncation_rate"])))
+        lines.append(Line("truncation rate", fmt(summary["truncation_rate"])))
     if "scorer_errors" in summary:
         errors = summary["scorer_errors"]
-        lines.append(("scorer errors", ", ".join(f"{k}: {v}" for k, v in errors.items()) or "none"))
+        lines.append(Line("scorer errors", ", ".join(f"{k}: {v}" for k, v in errors.items()) or "none"))
     if "logprob_mismatch" in summary:
         m = summary["logprob_mismatch"]
-        lines.append(("sampler vs trainer |old - sampler| log-prob", f"mean {fmt(m['mean_abs'])}  max {fmt(m['max_abs'])}"))
+        lines.append(Line("sampler vs trainer |old - sampler| log-prob",
+                          f"mean {fmt(m['mean_abs'])}  max {fmt(m['max_abs'])}"))
     if "kl_ref" in summary:
         k = summary["kl_ref"]
-        lines.append(("KL(sampler || ref)", f"k1 {fmt(k['k1'])}  k3 {fmt(k['k3'])}  over {k['tokens']} tokens"))
+        lines.append(Line("KL(sampler || ref)", f"k1 {fmt(k['k1'])}  k3 {fmt(k['k3'])}  over {k['tokens']} tokens"))
     if "entropy_mean" in summary:
-        lines.append(("entropy (trainer, pi_old)", fmt(summary["entropy_mean"])))
+        lines.append(Line("entropy (trainer, pi_old)", fmt(summary["entropy_mean"])))
     if "train_log_ratio_mean" in summary:
-        lines.append(("log pi_new - log pi_old (mean)", fmt(summary["train_log_ratio_mean"])))
+        lines.append(Line("log pi_new - log pi_old (mean)", fmt(summary["train_log_ratio_mean"])))
     return lines
 
 
 def row_header(rec: dict[str, Any]) -> str:
-    """One line per sample: reward (components), advantage, correctness, length, flags."""
+    """One line per sample: reward (components), advantage, correctness, length, flags, identical samples."""
     parts = [f"#{rec.get('sample_idx', '-')}"]
     if rec.get("reward") is not None:
         comps = ", ".join(f"{k} {fmt(v)}" for k, v in rec.get("components", {}).items())
         parts.append(f"reward {fmt(rec['reward'])}" + (f" ({comps})" if comps else ""))
     if rec.get("advantage") is not None:
         parts.append(f"adv {rec['advantage']:+.3f}")
+    elif rec.get("token_advantage_mean") is not None:
+        parts.append(f"adv (token mean) {rec['token_advantage_mean']:+.3f}")
     if rec.get("correct") is not None:
         parts.append("✓ correct" if rec["correct"] else "✗ wrong")
     if rec.get("completion_length") is not None:
@@ -164,21 +283,31 @@ def row_header(rec: dict[str, Any]) -> str:
         parts.append(f"filtered: {rec['filtered_reason']}")
     if rec.get("score_error"):
         parts.append(f"error: {rec['score_error']}")
+    same = rec.get("same_completion") or []
+    if same:
+        parts.append(f"×{len(same) + 1}: same completion as " + ", ".join(f"#{s}" for s in same))
     return "  ".join(parts)
 
 
 def group_header(pid: Any, group: dict[str, Any] | None, rec: dict[str, Any]) -> str:
+    """The prompt, its answer and its whole group's numbers (not only the shown rows'), with shown/total counts."""
     parts = [f"prompt {pid}"]
     if rec.get("answer") is not None:
         parts.append(f"answer {rec['answer']}")
     if group:
-        parts.append(f"{group['size']} sample(s)")
+        size = group["size"]
+        counts = f"{size} sample{'s' if size != 1 else ''}"
+        if group.get("shown") is not None and group["shown"] != size:
+            counts += f", {group['shown']} shown"
+        if group.get("distinct") is not None and size > 1:
+            counts += f" ({group['distinct']} distinct completion{'s' if group['distinct'] != 1 else ''})"
+        parts.append(counts)
         if group.get("reward_mean") is not None:
             std = f" ± {fmt(group['reward_std'])}" if group.get("reward_std") is not None else ""
             parts.append(f"reward {fmt(group['reward_mean'])}{std}")
         if group.get("num_correct") is not None:
-            parts.append(f"{group['num_correct']}/{group['size']} correct")
-        if group.get("zero_variance") and group["size"] > 1:
+            parts.append(f"{group['num_correct']}/{size} correct")
+        if group.get("zero_variance") and size > 1:
             parts.append("zero variance")
     return " · ".join(parts)
 
@@ -192,157 +321,35 @@ def grouped(records: list[dict[str, Any]]) -> list[tuple[Any, list[dict[str, Any
 
 
 # ----------------------------------------------------------------------------------------------
-# Terminal (rich)
-# ----------------------------------------------------------------------------------------------
-
-def print_inspect(console: Any, data: dict[str, Any]) -> None:
-    """Draw an inspect result on a rich console."""
-    from rich.table import Table
-    from rich.text import Text
-
-    summary = data["summary"]
-    console.print(Text(f"rlpipe inspect {summary['source']} ({summary['view']} view)", style="bold"))
-    arts = Table(title="artifacts", title_justify="left", show_lines=False)
-    for col in ("role", "rows", "policy v", "columns"):
-        arts.add_column(col, overflow="fold")
-    for a in summary["artifacts"]:
-        cols = ", ".join(f"{c}:{t}" for c, t in a["columns"].items())
-        role = Text(a["role"])
-        role.append(f"\n{a['path']}", style="dim")
-        arts.add_row(role, str(a["rows"]), fmt(a["policy_version"]), Text(cols))
-    console.print(arts)
-    for role, path in summary.get("missing", {}).items():
-        console.print(Text(f"not found: {role} ({path})", style="dim"))
-    for w in summary.get("warnings", []):
-        console.print(Text(f"warning: {w}", style="yellow"))
-    console.print(_label_table("statistics", "value", summary_lines(summary)))
-    if data["rows"]:
-        _print_rows(console, data)
-
-
-def _print_rows(console: Any, data: dict[str, Any]) -> None:
-    from rich.style import Style
-    from rich.text import Text
-
-    column = data["color_by"]
-    scale = color_scale(data["rows"], column)
-    if scale:
-        legend = Text(f"colour = {column}: ")
-        for value, colour in legend_stops(scale):
-            legend.append(f" {fmt(value, 2)} ", style=Style(color="black", bgcolor=colour))
-        legend.append(f"  ({LEGEND_NOTE[scale['kind']]})", style="dim")
-        console.print(legend)
-    if data.get("tokenizer") is None:
-        console.print(Text("(no tokenizer.json found: tokens shown from the stored text, or as ⟨id⟩)", style="dim"))
-    for pid, recs in grouped(data["rows"]):
-        console.print()
-        console.print(Text(group_header(pid, data["groups"].get(str(pid)), recs[0]), style="bold magenta"))
-        if recs[0].get("prompt") is not None:
-            console.print(Text(recs[0]["prompt"], style="dim"))
-        for rec in recs:
-            console.print(Text(row_header(rec), style="bold"), soft_wrap=True)
-            if "tokens" not in rec:
-                continue
-            line = Text("  ")
-            values = rec["per_token"].get(column) if column else None
-            for i, piece in enumerate(rec["tokens"]):
-                colour = token_color(values[i], scale) if values else None
-                line.append(visible(piece), style=Style(color="black", bgcolor=colour) if colour else "")
-            console.print(line, soft_wrap=True)
-
-
-# ----------------------------------------------------------------------------------------------
-# HTML (one self-contained page: inline CSS, no scripts, no external assets)
-# ----------------------------------------------------------------------------------------------
-
-CSS = """
-body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em; color: #222; }
-h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
-table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
-td, th { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
-th { background: #f4f4f4; }
-.cols { font-family: monospace; font-size: 0.85em; color: #555; }
-.warn { color: #a15c00; } .dim { color: #777; }
-.group { border: 1px solid #ccc; border-radius: 6px; padding: 0.5em 1em; margin: 1em 0; }
-.ghead { font-weight: bold; color: #7a1f7a; }
-.prompt { font-family: monospace; white-space: pre-wrap; background: #f6f6f6; padding: 4px; margin: 4px 0; }
-.meta { font-size: 0.9em; margin-top: 0.5em; }
-.completion { font-family: monospace; font-size: 1.05em; line-height: 1.9; }
-.tok { white-space: pre; color: #000; padding: 1px 0; border-right: 1px solid rgba(0,0,0,0.08); }
-.legend span { display: inline-block; padding: 2px 8px; font-family: monospace; color: #000; }
-"""
-
-
-def _esc(x: Any) -> str:
-    return html.escape(str(x), quote=True)
-
-
-def html_page(title: str, body: str) -> str:
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_esc(title)}</title>"
-            f"<style>{CSS}</style></head><body>\n<h1>{_esc(title)}</h1>\n{body}\n</body></html>\n")
-
-
-def html_table(rows: list[tuple[Any, ...]], header: tuple[str, ...] | None = None) -> str:
-    head = "<tr>" + "".join(f"<th>{_esc(h)}</th>" for h in header) + "</tr>" if header else ""
-    body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table>{head}{body}</table>"
-
-
-def inspect_html(data: dict[str, Any]) -> str:
-    """The inspect view as a self-contained HTML page (the same content as the terminal view)."""
-    summary = data["summary"]
-    parts = ["<h2>Artifacts</h2>", "<table><tr><th>role</th><th>path</th><th>rows</th><th>policy v</th>"
-             "<th>columns</th></tr>"]
-    for a in summary["artifacts"]:
-        cols = ", ".join(f"{c}: {t}" for c, t in a["columns"].items())
-        parts.append(f"<tr><td>{_esc(a['role'])}</td><td>{_esc(a['path'])}</td><td>{a['rows']}</td>"
-                     f"<td>{_esc(fmt(a['policy_version']))}</td><td class=\"cols\">{_esc(cols)}</td></tr>")
-    parts.append("</table>")
-    parts += [f"<p class=\"dim\">not found: {_esc(r)} ({_esc(p)})</p>" for r, p in summary.get("missing", {}).items()]
-    parts += [f"<p class=\"warn\">warning: {_esc(w)}</p>" for w in summary.get("warnings", [])]
-    parts += ["<h2>Statistics</h2>", html_table(summary_lines(summary))]
-    if data["rows"]:
-        parts.append(_html_rows(data))
-    return html_page(f"rlpipe inspect {summary['source']} ({summary['view']} view)", "\n".join(parts))
-
-
-def _html_rows(data: dict[str, Any]) -> str:
-    column = data["color_by"]
-    scale = color_scale(data["rows"], column)
-    parts = ["<h2>Rollouts</h2>"]
-    if scale:
-        stops = "".join(f"<span style=\"background:{c}\">{_esc(fmt(v, 2))}</span>" for v, c in legend_stops(scale))
-        parts.append(f"<div class=\"legend\">colour = <b>{_esc(column)}</b>: {stops} "
-                     f"<span class=\"dim\">{_esc(LEGEND_NOTE[scale['kind']])}</span></div>")
-    for pid, recs in grouped(data["rows"]):
-        parts.append("<section class=\"group\">")
-        parts.append(f"<div class=\"ghead\">{_esc(group_header(pid, data['groups'].get(str(pid)), recs[0]))}</div>")
-        if recs[0].get("prompt") is not None:
-            parts.append(f"<div class=\"prompt\">{_esc(recs[0]['prompt'])}</div>")
-        for rec in recs:
-            parts.append(f"<div class=\"meta\">{_esc(row_header(rec))}</div>")
-            if "tokens" not in rec:
-                continue
-            values = rec["per_token"].get(column) if column else None
-            spans = []
-            for i, piece in enumerate(rec["tokens"]):
-                tip = f"id {rec['token_ids'][i]}" + (f", {column} = {fmt(values[i], 4)}" if values else "")
-                style = f" style=\"background:{token_color(values[i], scale)}\"" if values else ""
-                spans.append(f"<span class=\"tok\"{style} title=\"{_esc(tip)}\">{_esc(visible(piece))}</span>")
-            parts.append(f"<div class=\"completion\">{''.join(spans)}</div>")
-        parts.append("</section>")
-    return "\n".join(parts)
-
-
-# ----------------------------------------------------------------------------------------------
 # rlpipe diff
 # ----------------------------------------------------------------------------------------------
 
-def _delta(v: Any) -> str:
-    if v is None:
-        return "-"
-    return f"{v:+.3g}" if isinstance(v, float) and v != 0 and abs(v) < 1e-3 else (
-        f"{v:+.3f}" if isinstance(v, float) else f"{v:+d}")
+def diff_numbers(row: dict[str, Any]) -> tuple[str, str, str]:
+    """A, B and B - A of a metric row with the same number of decimals, so the decimal points line up."""
+    values = [v for v in (row["a"], row["b"]) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if values and all(isinstance(v, int) for v in values):
+        return fmt(row["a"]), fmt(row["b"]), "-" if row["delta"] is None else f"{row['delta']:+d}"
+    big = max((abs(v) for v in values), default=0.0)
+    digits = 2 if big >= 100 else 4
+    def show(v: Any) -> str:
+        if v is None:
+            return "-"
+        if not isinstance(v, (int, float)):
+            return str(v)
+        text = f"{v:.{digits}f}"
+        return text[1:] if text.lstrip("-0.") == "" else text  # a tiny negative is "0.0000", not "-0.0000"
+    delta = "-" if row["delta"] is None else f"{row['delta']:+.{digits}f}"
+    if delta in (f"+{0:.{digits}f}", f"-{0:.{digits}f}") and row["delta"] != 0:
+        delta = f"{row['delta']:+.2g}"  # a change smaller than the shown digits is not "0"
+    elif row["delta"] == 0:
+        delta = f"{0:.{digits}f}"
+    return show(row["a"]), show(row["b"]), delta
+
+
+def change_word(row: dict[str, Any]) -> str:
+    if row.get("change") in ("better", "worse"):
+        return f"{row['change']} ({row['direction']} is better)"
+    return "" if row.get("change") is None else row["change"]
 
 
 def flip_lines(flips: dict[str, Any]) -> list[tuple[str, str]]:
@@ -353,50 +360,17 @@ def flip_lines(flips: dict[str, Any]) -> list[tuple[str, str]]:
             ("right in both", str(flips["right_both"])), ("wrong in both", str(flips["wrong_both"]))]
 
 
-def _example_rows(examples: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+FLIP_TABLES = (("examples_wrong_to_right", "wrong_to_right", "wrong → right"),
+               ("examples_right_to_wrong", "right_to_wrong", "right → wrong"))
+
+
+def flip_title(flips: dict[str, Any], examples_key: str, count_key: str, title: str) -> str:
+    return f"{title}: {len(flips[examples_key])} of {flips[count_key]} shown"
+
+
+def example_rows(examples: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     return [(str(e["prompt_id"]), e["prompt"] or "", e["answer"] or "", e["completion_a"], e["completion_b"])
             for e in examples]
 
 
 EXAMPLE_HEADER = ("prompt_id", "prompt", "answer", "completion A", "completion B")
-
-
-def print_diff(console: Any, data: dict[str, Any]) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    console.print(Text(f"rlpipe diff  A = {data['a']}   B = {data['b']}", style="bold"))
-    table = Table(title="metrics", title_justify="left")
-    for col in ("metric", "A", "B", "B - A"):
-        table.add_column(col, justify="left" if col == "metric" else "right")
-    for row in data["metrics"]:
-        table.add_row(Text(row["metric"]), fmt(row["a"]), fmt(row["b"]), _delta(row["delta"]))
-    console.print(table)
-    for note in data["notes"]:
-        console.print(Text(f"note: {note}", style="yellow"))
-    flips = data["flips"]
-    if flips is None:
-        console.print(Text("no per-prompt flips: the eval rollouts of one side are not available", style="dim"))
-        return
-    console.print(_label_table("held-out prompts (greedy eval rollouts)", "count", flip_lines(flips)))
-    for key, title in (("examples_wrong_to_right", "wrong -> right"), ("examples_right_to_wrong", "right -> wrong")):
-        if flips[key]:
-            ex = Table(title=title, title_justify="left")
-            for col in EXAMPLE_HEADER:
-                ex.add_column(col)
-            for row in _example_rows(flips[key]):
-                ex.add_row(*(Text(c) for c in row))
-            console.print(ex)
-
-
-def diff_html(data: dict[str, Any]) -> str:
-    parts = ["<h2>Metrics</h2>", html_table([(r["metric"], fmt(r["a"]), fmt(r["b"]), _delta(r["delta"]))
-                                             for r in data["metrics"]], ("metric", "A", "B", "B - A"))]
-    parts += [f"<p class=\"warn\">note: {_esc(n)}</p>" for n in data["notes"]]
-    flips = data["flips"]
-    if flips is not None:
-        parts += ["<h2>Held-out prompts</h2>", html_table(flip_lines(flips))]
-        for key, title in (("examples_wrong_to_right", "wrong → right"), ("examples_right_to_wrong", "right → wrong")):
-            if flips[key]:
-                parts += [f"<h2>{_esc(title)}</h2>", html_table(_example_rows(flips[key]), EXAMPLE_HEADER)]
-    return html_page(f"rlpipe diff: A = {data['a']}, B = {data['b']}", "\n".join(parts))

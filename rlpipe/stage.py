@@ -1,6 +1,8 @@
 """What every stage entry point shares: error reporting, phase timing, metrics output.
 
 Kept free of torch so that the CPU-only stages (score, advantage) start in well under a second.
+Importing it first thing in a stage script is also what hands the stage to a warm stage server
+when one runs for the project (rlpipe/worker/stage_server.py).
 """
 from __future__ import annotations
 
@@ -8,9 +10,25 @@ import time
 
 PROCESS_START = time.perf_counter()  # stage scripts import this module first: ~ the start of the process
 
-import functools  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
+
+from rlpipe.worker.stage_client import ENV_STARTED_AT, forward_if_served  # noqa: E402
+
+# With a stage server for this project running (`rlpipe run`, `rlpipe worker start`), hand this stage
+# to it and exit with its exit code; otherwise run here, as always (rlpipe/worker/stage_server.py).
+forward_if_served(PROCESS_START)
+if ENV_STARTED_AT in os.environ:  # a forked child of the server: time from when DVC started the stage
+    PROCESS_START = time.perf_counter() - (time.time() - float(os.environ.pop(ENV_STARTED_AT)))
+
+# Compilation caches under the project (stages run from its root), not in /tmp: torch.compile's
+# inductor/Triton artifacts and vLLM's compiled graphs then hit across stages, iterations and runs
+# (docs/fixed-cost.md). Set before anything imports torch; a user's own setting wins.
+for _var, _sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton"),
+                   ("VLLM_CACHE_ROOT", "vllm")):
+    os.environ.setdefault(_var, os.path.abspath(os.path.join(".rlpipe", "cache", _sub)))
+
+import functools  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable, Iterator  # noqa: E402
@@ -37,10 +55,28 @@ class PhaseTimer:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
+    def move(self, seconds: float, *, to: str, source: str = "compute") -> None:
+        """Book ``seconds`` of phase ``source`` under ``to`` (compilation measured inside the compute phase)."""
+        if seconds > 0:
+            self.seconds[source] = self.seconds.get(source, 0.0) - seconds
+            self.seconds[to] = self.seconds.get(to, 0.0) + seconds
+
     def report(self) -> dict[str, float]:
+        """Seconds per phase, the process total, and ``fixed`` = total - compute: what the stage costs beyond its
+        work (process start, imports, reading, engine start, compilation, writing)."""
         out = {k: round(v, 3) for k, v in self.seconds.items()}
-        out["total"] = round(time.perf_counter() - PROCESS_START, 3)
+        total = time.perf_counter() - PROCESS_START
+        out["total"] = round(total, 3)
+        out["fixed"] = round(total - self.seconds.get("compute", 0.0), 3)
         return out
+
+
+def engine_metrics(engine: Any) -> dict[str, Any]:
+    """How a generation engine was provided: by the engine server (and what that cost it), or built here."""
+    timings = getattr(engine, "timings", None)
+    if timings is None:
+        return {"engine_server": False}
+    return {"engine_server": True, "engine_server_seconds": timings}
 
 
 def write_metrics(path: str | Path, stage: str, metrics: dict[str, Any], timer: PhaseTimer) -> None:

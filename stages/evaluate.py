@@ -9,10 +9,9 @@ import typer
 
 from rlpipe.config import load_params
 from rlpipe.evaluate import evaluate_policy
-from rlpipe.generate import check_context
+from rlpipe.generate import GREEDY_TEMPERATURE, build_engine, check_context, resolve_engine
 from rlpipe.io import read_artifact, write_artifact
-from rlpipe.models import (eos_token_ids, load_model, load_tokenizer, read_model_config, read_policy_version,
-                           setup_torch)
+from rlpipe.models import load_tokenizer, model_eos_token_ids, read_model_config, read_policy_version, setup_torch
 from rlpipe.schema import EVAL_ROLLOUTS, PROMPTS
 
 app = typer.Typer(add_completion=False)
@@ -35,17 +34,21 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         tokenizer = load_tokenizer(policy)
         check_context(table, max_new_tokens=cfg.max_new_tokens, source=prompts, setting="evaluate.max_new_tokens",
                       context_length=getattr(read_model_config(policy), "max_position_embeddings", None))
-        model = load_model(policy, device=cfg.device, dtype=cfg.dtype)
+    with timer.phase("engine_start"):
+        engine = build_engine(resolve_engine(cfg.engine, cfg.device), device=cfg.device, dtype=cfg.dtype,
+                              batch_size=cfg.batch_size, vllm=p.generate.vllm, temperature=GREEDY_TEMPERATURE,
+                              model_dir=policy, eos_token_ids=model_eos_token_ids(policy, tokenizer),
+                              pad_token_id=tokenizer.pad_token_id, section="evaluate")
     version = read_policy_version(policy)
     with timer.phase("compute"):
-        frame, m = evaluate_policy(model, table, cfg=cfg, score_cfg=p.score,
-                                   eos_token_ids=eos_token_ids(model, tokenizer),
-                                   pad_token_id=tokenizer.pad_token_id,
+        frame, m = evaluate_policy(engine, table, cfg=cfg, score_cfg=p.score,
                                    policy_version=-1 if version is None else version,
                                    decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        if hasattr(engine, "close"):
+            engine.close()  # vllm: stop its worker processes here; stage.run ends with os._exit
     with timer.phase("write"):
         write_artifact(frame, out, EVAL_ROLLOUTS, metadata={"policy_version": version})
-    stage.write_metrics(metrics, "evaluate", m, timer)
+    stage.write_metrics(metrics, "evaluate", {**m, "engine": engine.name, **stage.engine_metrics(engine)}, timer)
     stage.summary_line("evaluate", prompts=m["num_prompts"], seconds=timer.report()["total"], accuracy=m["accuracy"])
 
 

@@ -42,8 +42,9 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         tokenizer = load_tokenizer(policy)
         check_context(table, max_new_tokens=cfg.max_new_tokens, source=prompts, setting="generate.max_new_tokens",
                       context_length=getattr(read_model_config(policy), "max_position_embeddings", None))
-        # Loads the weights (hf: here, with transformers; vllm: in its own workers, so CUDA stays
-        # uninitialised in this process until then).
+    with timer.phase("engine_start"):
+        # The project's engine server when one runs with these settings; else loads the weights here
+        # (hf: with transformers; vllm: in its own workers, so CUDA stays uninitialised in this process).
         engine = make_engine(cfg, engine=choose_engine(cfg), model_dir=policy,
                              eos_token_ids=model_eos_token_ids(policy, tokenizer), pad_token_id=tokenizer.pad_token_id)
     with timer.phase("compute"):
@@ -59,7 +60,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         write_artifact(rollouts, out, ROLLOUTS, metadata={"policy_version": p.iteration, "sampling": sampling,
                                                           "engine": engine.name})
     m = rollout_metrics(rollouts)
-    stage.write_metrics(metrics, "generate", {**m, "engine": engine.name, "policy_version": p.iteration}, timer)
+    stage.write_metrics(metrics, "generate", {**m, "engine": engine.name, "policy_version": p.iteration,
+                                              **stage.engine_metrics(engine)}, timer)
     stage.summary_line("generate", rows=m["num_samples"], tokens=m["completion_tokens"],
                        seconds=timer.report()["total"], truncation_rate=round(m["truncation_rate"], 3))
 

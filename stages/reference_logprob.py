@@ -13,7 +13,7 @@ import typer
 
 from rlpipe.config import load_params
 from rlpipe.distributed import finish, score_in_shares, start
-from rlpipe.engines.logprobs import compile_decoder_layers, compile_layers_wanted
+from rlpipe.engines.logprobs import compile_decoder_layers, compile_layers_wanted, compile_seconds
 from rlpipe.io import read_artifact, write_artifact
 from rlpipe.models import load_model, load_tokenizer, setup_torch
 from rlpipe.progress import stage_progress
@@ -52,6 +52,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
             ref = (score(roll.frame) if dist is None else
                    score_in_shares(roll.frame, score, dist, max_tokens_per_batch=cfg.max_tokens_per_batch,
                                    progress=advance))
+    timer.move(compile_seconds(), to="compile")
     finish(dist)
     if ref is None:  # under torchrun, ranks other than 0 write nothing
         return

@@ -21,16 +21,18 @@ import typer
 
 from rlpipe.config import fine_points, load_params
 from rlpipe.io import read_artifact, write_artifact
-from rlpipe.models import load_model, load_tokenizer, read_policy_version, save_checkpoint, setup_torch
+from rlpipe.models import (load_master_weights, load_model, load_tokenizer, read_policy_version, save_checkpoint,
+                           setup_torch, stored_dtype)
 from rlpipe.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS, VALUES
 from rlpipe.critic import load_critic, save_critic
 from rlpipe.distributed import finish, start
-from rlpipe.engines.logprobs import compile_decoder_layers, compile_layers_wanted, enable_gradient_checkpointing
+from rlpipe.engines.logprobs import (compile_decoder_layers, compile_layers_wanted, compile_seconds,
+                                     enable_gradient_checkpointing)
 from rlpipe.errors import ArtifactError
 from rlpipe.training.data import check_policy_version, training_data, training_frame
 from rlpipe.progress import stage_progress
 from rlpipe.training.loop import count_optimizer_steps, train_policy
-from rlpipe.training.resume import clear_state, load_state, resume_dir, resume_key, save_state
+from rlpipe.training.resume import ResumeStates, resume_key
 from rlpipe.training.report import reward_stats, sampler_mismatch, token_stats_frame, write_steps_csv
 
 app = typer.Typer(add_completion=False)
@@ -71,6 +73,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         score_frame = read_artifact(scores, SCORES).frame
         tokenizer = load_tokenizer(policy)
         model = load_model(policy, device=cfg.device, dtype="float32")
+        from_master = load_master_weights(model, policy)  # the exact float32 weights the last train ended with
         critic_model = load_critic(critic, seed=p.seed, device=cfg.device) if with_critic else None
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(model)
@@ -84,40 +87,47 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
             sharded = shard_for_training(model, dist, critic_model)
     with timer.phase("compute"):
         data = training_data(frame)
-        key = resume_key([rollouts, scores, ref_logprobs, advantages, policy] + ([values, critic] if with_critic else []),
-                         {"train": dataclasses.asdict(cfg), "seed": p.seed, "iteration": p.iteration,
-                          "estimator": p.advantage.estimator,
-                          "torch_threads": p.torch_threads, "temperature": p.generate.temperature,
-                          "max_new_tokens": p.generate.max_new_tokens,
-                          **({"world_size": dist.world_size} if dist else {})})
-        state_dir = resume_dir(resume_root, key)
-        state = load_state(state_dir)
+        # Which cadence/durability the states are written with never changes the result: not in the key.
+        result_params = {k: v for k, v in dataclasses.asdict(cfg).items()
+                         if k not in ("checkpoint_every_steps", "checkpoint_every_s", "checkpoint_fsync")}
+        states = ResumeStates(resume_root, fsync=cfg.checkpoint_fsync, enabled=writes, key=lambda: resume_key(
+            [rollouts, scores, ref_logprobs, advantages, policy] + ([values, critic] if with_critic else []),
+            {"train": result_params, "seed": p.seed, "iteration": p.iteration, "estimator": p.advantage.estimator,
+             "torch_threads": p.torch_threads, "temperature": p.generate.temperature,
+             "max_new_tokens": p.generate.max_new_tokens, **({"world_size": dist.world_size} if dist else {})}))
+        state = states.load()
         total = count_optimizer_steps(int(data.trainable.sum()), cfg)
         with stage_progress("train", total=total, unit="steps") as advance:
             result = train_policy(model, data, cfg, temperature=p.generate.temperature,
                                   pad_token_id=tokenizer.pad_token_id, seed=p.seed, iteration=p.iteration,
                                   max_length=p.generate.max_new_tokens, critic=critic_model, progress=advance,
-                                  resume=state, save_state=lambda st: save_state(state_dir, st) if writes else None,
-                                  dist=sharded)
+                                  resume=state, save_state=states.save, dist=sharded)
+        states.wait()
+    timer.move(compile_seconds(), to="compile")
     with timer.phase("write"):
         if sharded is not None:
             model, critic_model = gathered_models(sharded, policy, critic, seed=p.seed)
+        save_dtype = stored_dtype(policy) if cfg.save_dtype == "auto" else cfg.save_dtype
+        master = save_dtype != "float32" if cfg.master_weights == "auto" else cfg.master_weights
         if writes:
-            save_checkpoint(model, tokenizer, checkpoint, policy_version=p.iteration + 1)
+            save_checkpoint(model, tokenizer, checkpoint, policy_version=p.iteration + 1, dtype=save_dtype,
+                            master_weights=master)
             if critic_checkpoint:
                 save_critic(critic_model, tokenizer, critic_checkpoint, version=p.iteration + 1,
                             estimator=p.advantage.estimator)
             write_artifact(token_stats_frame(frame, result), token_stats, TRAIN_TOKEN_STATS,
                            metadata={"policy_version": p.iteration})
             write_steps_csv(steps, result.steps)
-            clear_state(state_dir)
+            states.discard()
     finish(dist)
     if not writes:
         return
     m = {**result.metrics, **reward_stats(score_frame), **sampler_mismatch(frame, result.old_logprobs),
          "policy_version_out": p.iteration + 1, "policy_loss_function": cfg.policy_loss_function,
          "profile": p.profile, "fine_points": fine_points(p), "compiled_layers": compiled,
-         "resumed_from_step": int(state["step"]) if state else 0}
+         "resumed_from_step": int(state["step"]) if state else 0, "resume_states_written": states.written,
+         "checkpoint_dtype": save_dtype, "master_weights": {"loaded": from_master, "saved": master and
+                                                            save_dtype != "float32"}}
     stage.write_metrics(metrics, "train", m, timer)
     stage.summary_line("train", steps=m["optimizer_steps"], sequences=m["trained_sequences"],
                        seconds=timer.report()["total"], clip_fraction=round(m["clip_fraction"], 4),

@@ -63,7 +63,7 @@ def make_project(root: Path, *, eval_correct: list[bool] = (True, False, False, 
     a = lambda key: root / PATHS[key]  # noqa: E731
     root.mkdir(parents=True, exist_ok=True)
     (root / "params.yaml").write_text(yaml.safe_dump({"iteration": version, "policy": {"path": "model"},
-                                                      "paths": PATHS}))
+                                                      "advantage": {"estimator": "grpo"}, "paths": PATHS}))
     pid = [k[0] for k in KEYS]
     sidx = [k[1] for k in KEYS]
     tokens = [ids(t, eos=len(t) == 1) for t in TEXTS]

@@ -99,7 +99,7 @@ def test_unknown_nested_key_names_the_dotted_key_and_lists_valid_keys(tmp_path, 
     data["train"]["lrr"] = 1e-4
     msg = config_error(dump(tmp_path, data))
     assert "unknown key(s) ['train.lrr']" in msg
-    assert "valid keys: ['adam_beta1', 'adam_beta2', 'checkpoint_every_steps', 'chunk_size', " in msg
+    assert "valid keys: ['adam_beta1', 'adam_beta2', 'checkpoint_every_s', 'checkpoint_every_steps', 'checkpoint_fsync', " in msg
     assert "'lr'" in msg and "'micro_batch_size'" in msg
 
 

@@ -92,9 +92,12 @@ def test_every_rlpipe_command_and_option_named_in_the_docs_exists():
         for call in rlpipe_invocations(page.read_text()):
             words = call.split()
             assert words[1] in commands, f"{page.name}: `{call}` names no rlpipe command"
-            params = commands[words[1]].params
-            known = {o for p in params for o in (*p.opts, *p.secondary_opts)}
-            for word in words[2:]:
+            command, rest = commands[words[1]], words[2:]
+            if hasattr(command, "commands"):  # a command group (`rlpipe plots setup`): its subcommand's options
+                assert rest and rest[0] in command.commands, f"{page.name}: `{call}` names no {words[1]} subcommand"
+                command, rest = command.commands[rest[0]], rest[1:]
+            known = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+            for word in rest:
                 if word.startswith("-") and not re.match(r"-\d", word):
                     assert word.split("=")[0] in known, f"{page.name}: `{call}`: no option {word}"
             checked += 1

@@ -8,7 +8,7 @@ from rlpipe.decode import fallback_pieces
 from rlpipe.errors import ArtifactError
 from rlpipe.inspect import inspect_data, joined_frame, load
 from rlpipe.io import read_artifact, write_artifact
-from rlpipe.schema import SCORES
+from rlpipe.schema import EVAL_ROLLOUTS, SCORES
 from tests.inspect_project import make_project
 
 
@@ -86,15 +86,20 @@ def test_eval_view_reads_the_held_out_rollouts(project):
     s = data["summary"]
     assert [a["role"] for a in s["artifacts"]] == ["eval_rollouts", "prompts"]
     assert s["accuracy"] == pytest.approx(0.5)  # True, False, False, True
-    assert data["rows"][1]["prompt"] == "2+2="
+    # one greedy answer per prompt: lowest reward first, so the two wrong ones (prompts 1, 2) lead
+    assert [(r["prompt_id"], r["prompt"], r["correct"]) for r in data["rows"]] == [
+        (1, "2+2=", False), (2, "3+3=", False), (0, "1+2=", True), (3, "5+5=", True)]
+    assert data["summary"]["selection"]["order"] == "informative_single"
 
 
 def test_single_file_and_fallback_without_tokenizer(tmp_path):
     root = make_project(tmp_path / "p", with_tokenizer=False)
     data = inspect_data(root / "a/rollouts.parquet", show=6)
     assert data["summary"]["view"] == "rollouts" and data["tokenizer"] is None
-    assert data["rows"][4]["tokens"] == ["8", "8"]  # "88", two tokens: one character each
-    assert data["rows"][0]["tokens"] == ["2", "⟨2⟩"]  # EOS is not in the text: shown as its id
+    rows = {(r["prompt_id"], r["sample_idx"]): r for r in data["rows"]}
+    assert rows[(2, 0)]["tokens"] == ["8", "8"]  # "88", two tokens: one character each
+    assert rows[(0, 0)]["tokens"] == ["2", "⟨2⟩"]  # EOS is not in the text: shown as its id
+    assert (0, 1) not in rows and rows[(0, 0)]["same_completion"] == [1]  # the same tokens, shown once
     assert fallback_pieces("abc", [5, 6]) == ["⟨5⟩", "⟨6⟩"]
 
 
@@ -123,3 +128,113 @@ def test_missing_and_bad_inputs(tmp_path):
     (root / "a/rollouts.parquet").unlink()
     with pytest.raises(ArtifactError, match="rollouts.parquet: not found; run `dvc repro`"):
         load(root)
+
+
+# ---------------------------------------------------------------------------------------------- rows shown
+
+def keys(data):
+    return [(r["prompt_id"], r["sample_idx"]) for r in data["rows"]]
+
+
+def test_show_picks_informative_distinct_rows_first(project):
+    """Groups 1 and 2 have mixed rewards (advantages +-0.7071), group 0 two identical completions (zero variance).
+
+    Round 1 takes the best and the worst of each group in rank order (mixed first; tie on |advantage|
+    0.7071 -> prompt_id): (1,0) +0.71, (1,1) -0.71, (2,1) +0.71, (2,0) -0.71, then group 0's one
+    distinct completion (0,0), its duplicate (0,1) folded into it: 5 rows for --show 6.
+    """
+    data = inspect_data(project, show=6)
+    assert keys(data) == [(1, 0), (1, 1), (2, 1), (2, 0), (0, 0)]
+    assert [r["same_completion"] for r in data["rows"]] == [[], [], [], [], [1]]
+    sel = data["summary"]["selection"]
+    assert (sel["order"], sel["rows_shown"], sel["show"]) == ("informative", 5, 6)
+    assert data["groups"]["0"] == {"prompt_id": 0, "size": 2, "reward_mean": 1.5, "reward_std": 0.0,
+                                   "zero_variance": True, "num_correct": 2, "distinct": 1, "shown": 1}
+    assert keys(inspect_data(project, show=2)) == [(1, 0), (1, 1)]  # the best and the worst of one group
+    assert inspect_data(project, show=3)["groups"]["2"]["shown"] == 1
+
+
+def test_sort_and_prompt_id_keep_their_own_order(project):
+    data = inspect_data(project, sort="sample_idx", show=4)  # a sort asked for: its order, no folding
+    assert keys(data) == [(0, 0), (1, 0), (2, 0), (0, 1)]
+    assert data["summary"]["selection"]["order"] == "sorted"
+    assert all(r["same_completion"] == [] for r in data["rows"])
+    data = inspect_data(project, prompt_ids=[0])
+    assert keys(data) == [(0, 0), (0, 1)] and data["summary"]["selection"]["order"] == "prompt"
+
+
+def test_where_and_sort_are_recorded(project):
+    sel = inspect_data(project, where="reward > 0", sort="reward", descending=True)["summary"]["selection"]
+    assert (sel["where"], sel["sort"], sel["descending"], sel["order"], sel["rows_shown"]) == (
+        "reward > 0", "reward", True, None, 0)
+
+
+def test_token_level_estimator_says_why_advantage_is_empty(tmp_path):
+    """GAE/REINFORCE++ write no sequence advantage: the summary says so and rows show their token mean."""
+    import yaml
+
+    from rlpipe.schema import ADVANTAGES
+
+    root = make_project(tmp_path / "p", with_tokenizer=False)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["advantage"]["estimator"] = "gae"
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    adv = read_artifact(root / "a/advantages.parquet", ADVANTAGES)
+    tokens = [[0.5, -0.1], [0.2, 0.2], [1.0, 0.0], [-1.0, -0.5], [0.0, 0.0], [0.3, 0.1]]
+    write_artifact(adv.frame.with_columns(pl.lit(None, dtype=pl.Float32).alias("advantage"),
+                                          pl.Series("token_advantages", tokens, dtype=pl.List(pl.Float32))),
+                   root / "a/advantages.parquet", ADVANTAGES, metadata=adv.metadata)
+    data = inspect_data(root, prompt_ids=[1])
+    s = data["summary"]
+    assert s["advantage"]["count"] == 0
+    assert "per token only: advantage.estimator gae gives each token its own advantage" in s["advantage_note"]
+    assert s["token_advantage"]["mean"] == pytest.approx(sum(map(sum, tokens)) / 12, abs=1e-6)  # 0.7 / 12
+    assert [r["token_advantage_mean"] for r in data["rows"]] == pytest.approx([0.5, -0.75])
+    assert s["run"]["params"]["advantage.estimator"] == "gae"
+
+
+def test_run_metadata_names_commit_tags_and_uncommitted_changes(tmp_path):
+    import subprocess
+
+    root = make_project(tmp_path / "p", with_tokenizer=False)
+    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], check=True, capture_output=True, text=True)  # noqa: E731
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.email=t@x", "-c", "user.name=t", "commit", "-qm", "it")
+    git("tag", "iteration-0")
+    run = inspect_data(root)["summary"]["run"]
+    head = git("rev-parse", "--short=12", "HEAD").stdout.strip()
+    assert run["git"] == {"commit": head, "tags": ["iteration-0"], "uncommitted_changes": False}
+    assert run["policy_version"] == 0 and "sampling" not in run  # the hand-made footer has no sampling record
+    assert run["params"] == {"iteration": 0, "advantage.estimator": "grpo", "policy.path": "model"}
+    (root / "params.yaml").write_text((root / "params.yaml").read_text() + "seed: 7\n")
+    assert inspect_data(root)["summary"]["run"]["git"]["uncommitted_changes"] is True
+
+
+def test_rev_reads_the_artifacts_committed_at_a_revision(tmp_path):
+    """`--rev iteration-0` reads through DVC what was committed then, not the workspace's files."""
+    import subprocess
+    import sys
+
+    from tests.inspect_project import PATHS, eval_frame
+
+    root = make_project(tmp_path / "p", eval_correct=[True, False, False, True], with_tokenizer=False)
+    run = lambda *a: subprocess.run(a, cwd=root, check=True, capture_output=True, text=True)  # noqa: E731
+    run("git", "init", "-q")
+    run(sys.executable, "-m", "dvc", "init", "-q")
+    run("git", "add", "-A")
+    run("git", "-c", "user.email=t@x", "-c", "user.name=t", "commit", "-qm", "iteration 0")
+    run("git", "tag", "iteration-0")
+    write_artifact(eval_frame([False] * 4, 1), root / PATHS["eval_rollouts"], EVAL_ROLLOUTS,
+                   metadata={"policy_version": 1})
+    assert inspect_data(root, eval_view=True)["summary"]["accuracy"] == 0.0  # the workspace
+    old = inspect_data(root, eval_view=True, rev="0", prompt_ids=[3])  # "0" = iteration-0
+    assert old["summary"]["accuracy"] == pytest.approx(0.5)
+    assert old["summary"]["source"].endswith("@iteration-0") and old["summary"]["run"]["revision"] == "iteration-0"
+    assert [a["path"] for a in old["summary"]["artifacts"]] == [f"iteration-0:{PATHS['eval_rollouts']}",
+                                                               f"iteration-0:{PATHS['eval_prompts']}"]
+    assert old["rows"][0]["completion_text"] == "10" and old["rows"][0]["prompt"] == "5+5="
+    with pytest.raises(ArtifactError, match="'iteration-9': not a git revision of .*; iteration tags: iteration-0"):
+        inspect_data(root, rev="iteration-9")
+    with pytest.raises(ArtifactError, match="give the project directory, not a file"):
+        inspect_data(root / PATHS["rollouts"], rev="iteration-0")

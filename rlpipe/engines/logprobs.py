@@ -422,6 +422,23 @@ def compile_decoder_layers(model: torch.nn.Module, *, backend: str = "inductor")
     return len(layers)
 
 
+def compile_seconds() -> float:
+    """Wall seconds torch.compile has spent in this process so far (tracing, inductor, the backward's
+    compile at the first backward); 0.0 when nothing was compiled.
+
+    Why: a stage's metrics name compilation on its own (it is fixed cost, paid once per process,
+    smaller with a warm inductor cache), apart from the compute that follows.
+    """
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return 0.0
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return float(sum(sum(times) for key, times in compilation_time_metrics.items()
+                     if key == "_compile.compile_inner" or key.endswith("bw_compiler")))
+
+
 def compile_layers_wanted(setting: bool | str, device: str | torch.device) -> bool:
     """Whether a stage compiles its decoder layers: ``compile_layers`` true/false, or "auto" = on CUDA only.
 

@@ -211,6 +211,22 @@ class _LocalReplica:
         result, self._result = self._result, []
         return result
 
+    def call(self, method: str, *args: Any) -> None:
+        """Run an engine-management method (`reload_weights`, `sleep`, `wake_up`) on this replica."""
+        getattr(self, f"_{method}")(*args)
+
+    def _reload_weights(self, model_dir: str) -> None:
+        # vLLM reads every weight of model_dir into the running engine (its compiled graphs and CUDA graphs
+        # stay); cached prefixes were computed with the old weights and must go.
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
+        self._llm.reset_prefix_cache()
+
+    def _sleep(self) -> None:
+        self._llm.sleep(level=2)  # weights and KV cache freed; the next request reloads the weights
+
+    def _wake_up(self) -> None:
+        self._llm.wake_up()
+
     def close(self) -> None:
         # Shut vLLM's engine-core process down now rather than at garbage collection, so its GPU memory
         # is free when this returns (LLM has no public close; llm_engine.engine_core is vLLM's client).
@@ -230,10 +246,14 @@ def _replica_main(conn: Any, llm_kwargs: dict, eos_token_ids: tuple[int, ...], g
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
     while (message := conn.recv()) is not None:
-        requests, params = message
+        kind, *payload = message
         try:
-            replica.submit(requests, params)
-            conn.send(("ok", replica.result()))
+            if kind == "generate":
+                replica.submit(*payload)
+                conn.send(("ok", replica.result()))
+            else:
+                replica.call(*payload)
+                conn.send(("ok", None))
         except Exception as e:  # noqa: BLE001  the parent raises it
             conn.send(("error", f"{type(e).__name__}: {e}"))
     replica.close()
@@ -270,10 +290,15 @@ class _ProcessReplica:
 
     def submit(self, requests: Sequence[PromptRequest], params: SamplingParams) -> None:
         self.wait_ready()
-        self._conn.send((list(requests), params))
+        self._conn.send(("generate", list(requests), params))
 
     def result(self) -> list[list[Completion]]:
         return self._receive()
+
+    def call(self, method: str, *args: Any) -> None:
+        self.wait_ready()
+        self._conn.send(("call", method, *args))
+        self._receive()
 
     def close(self) -> None:
         if self._process.is_alive():
@@ -298,6 +323,7 @@ class VLLMEngine:
     enforce_eager: no CUDA graphs or torch.compile (starts faster, decodes slower).
     max_model_len: context length vLLM plans for (None: the model's own).
     seed: vLLM's engine-wide seed; sampling uses each request's own seed, so it only affects vLLM internals.
+    enable_sleep_mode: allow `sleep` / `wake_up` (vLLM's own allocator; the engine server uses it).
     """
 
     name = "vllm"
@@ -315,6 +341,7 @@ class VLLMEngine:
         enforce_eager: bool = False,
         max_model_len: int | None = None,
         seed: int = 0,
+        enable_sleep_mode: bool = False,
     ) -> None:
         if len(eos_token_ids) == 0:
             raise ValueError("eos_token_ids must name at least one token")
@@ -335,6 +362,8 @@ class VLLMEngine:
             "skip_tokenizer_init": True,
             "generation_config": "vllm",
         }
+        if enable_sleep_mode:
+            self.llm_kwargs["enable_sleep_mode"] = True
         self._replicas: list[Any]
         if data_parallel_size == 1:
             self._replicas = [_LocalReplica(self.llm_kwargs, self.eos_token_ids)]
@@ -372,6 +401,24 @@ class VLLMEngine:
             if progress is not None:
                 progress(sum(len(g) for g in groups))
         return results
+
+    def reload_weights(self, model_dir: str | Path) -> None:
+        """Load every weight of ``model_dir`` (same architecture) into the running engine, on every replica.
+
+        Why: a new policy checkpoint is a new set of weights for the same graph; starting a new engine
+        would repeat vLLM's compilation, CUDA-graph capture and memory profiling (rlpipe/worker/engine_server.py).
+        """
+        for replica in self._replicas:
+            replica.call("reload_weights", str(model_dir))
+
+    def sleep(self) -> None:
+        """Free the GPU memory of weights and KV cache (vLLM sleep level 2); `wake_up` and `reload_weights` undo it."""
+        for replica in self._replicas:
+            replica.call("sleep")
+
+    def wake_up(self) -> None:
+        for replica in self._replicas:
+            replica.call("wake_up")
 
     def close(self) -> None:
         """Stop the replicas (child processes) and drop the LLMs; the engine is unusable afterwards."""

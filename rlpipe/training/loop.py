@@ -12,6 +12,7 @@ micro-batches over the ranks of an FSDP2-sharded model; see that module. ``dist=
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -127,7 +128,8 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
     (the policy has moved as far from the sampler as this iteration's data supports).
 
     ``save_state``: called with the whole loop state (models, optimizers, shuffle order, step
-    counter, step metrics, old log-probs) every ``cfg.checkpoint_every_steps`` steps.
+    counter, step metrics, old log-probs) every ``cfg.checkpoint_every_steps`` steps and every
+    ``cfg.checkpoint_every_s`` seconds (whichever comes first; either 0 = off), and after an early stop.
     ``resume``: such a state; the loop continues after its last step and ends exactly where an
     uninterrupted run ends (same shuffles, same AdamW moments, same step metrics).
     ``progress``: optional callback, called with 1 after each optimizer step (see rlpipe.progress).
@@ -161,6 +163,18 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
     per_epoch = math.ceil(len(trainable) / cfg.minibatch_size)
     if progress is not None and done:
         progress(done)
+    last_save = time.monotonic()
+
+    def save_due(step: int) -> bool:
+        """Whether to save after ``step`` (0-based): by step count, by time, or because the loop stops early.
+
+        Under torchrun every rank must take part in gathering the state, so rank 0's clock decides for all.
+        """
+        by_steps = bool(cfg.checkpoint_every_steps) and (step + 1) % cfg.checkpoint_every_steps == 0
+        by_time = bool(cfg.checkpoint_every_s) and time.monotonic() - last_save >= cfg.checkpoint_every_s
+        if dist is not None and cfg.checkpoint_every_s:
+            by_time = dist.dist.gather(by_time)[0]
+        return by_steps or by_time or (stopped and bool(cfg.checkpoint_every_steps or cfg.checkpoint_every_s))
 
     def snapshot(step: int, epoch: int, order) -> dict[str, Any]:
         model_state, optimizer_state = _state(model, optimizer, dist)
@@ -199,9 +213,9 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
                 stopped = cfg.target_kl is not None and record["approx_kl"] > cfg.target_kl
             if progress is not None:
                 progress(1)
-            if save_state is not None and cfg.checkpoint_every_steps and (
-                    (step + 1) % cfg.checkpoint_every_steps == 0 or stopped):
+            if save_state is not None and save_due(step):
                 save_state(snapshot(step + 1, epoch, order))
+                last_save = time.monotonic()
             if stopped:
                 break
     with torch.no_grad():

@@ -136,9 +136,7 @@ def crash_at(monkeypatch, point: str) -> None:
     if point == "after the iteration is tagged":
         monkeypatch.setattr(rlpipe.iterate, "_replace_dir", boom)
     elif point == "before `dvc add state/policy`":
-        real_run = rlpipe.iterate._run
-        monkeypatch.setattr(rlpipe.iterate, "_run", lambda cmd, cwd: boom() if cmd[:2] == ["dvc", "add"]
-                            else real_run(cmd, cwd))
+        monkeypatch.setattr(rlpipe.iterate.dvc, "add", lambda root, path: boom())
     elif point == "after the policy is handed over":
         monkeypatch.setattr(rlpipe.iterate, "set_params", boom)
     elif point == "after params.yaml is rewritten":

@@ -48,6 +48,22 @@ def test_inspect_agrees_with_the_stage_metrics(reproduced, tmp_path):
     assert shown[0]["prompt"] in page.read_text()
 
 
+def test_show_without_sort_gives_informative_distinct_rows_and_the_run(reproduced):
+    """#15 item 10: not G identical samples of a zero-variance group, but mixed groups' best and worst first."""
+    data = json.loads(run(["rlpipe", "inspect", ".", "--show", "8", "--json"], reproduced).stdout)
+    rows, groups = data["rows"], data["groups"]
+    assert data["summary"]["selection"]["order"] == "informative" and len(rows) == 8
+    mixed = [not groups[str(r["prompt_id"])]["zero_variance"] for r in rows]
+    assert mixed == sorted(mixed, reverse=True)  # every mixed-reward group's rows before any zero-variance one
+    seen = {(r["prompt_id"], tuple(r["token_ids"])) for r in rows}
+    assert len(seen) == 8  # no completion twice within a prompt
+    if mixed[0] and groups[str(rows[0]["prompt_id"])]["shown"] >= 2:  # a group's best, then its worst
+        assert rows[0]["advantage"] > 0 > rows[1]["advantage"]
+    run_meta = data["summary"]["run"]
+    assert run_meta["params"]["advantage.estimator"] == "grpo" and run_meta["policy_version"] == 0
+    assert run_meta["sampling"]["group_size"] == 4 and len(run_meta["git"]["commit"]) == 12
+
+
 def test_metrics_plots_and_diff_after_iterate(project_copy):
     root = project_copy
     run(["rlpipe", "iterate"], root)
@@ -80,8 +96,24 @@ def test_metrics_plots_and_diff_after_iterate(project_copy):
     assert (data["flips"]["wrong_to_right"], data["flips"]["right_to_wrong"]) == (0, 0)
     assert data["flips"]["examples_wrong_to_right"] == []
     accuracy_row = next(m for m in data["metrics"] if m["metric"] == "eval accuracy")
-    assert accuracy_row["delta"] == 0.0
+    assert accuracy_row["delta"] == 0.0 and accuracy_row["change"] == "same"
+    assert data["params"] == [{"key": "iteration", "a": 0, "b": 1},
+                              {"key": "policy.path", "a": "artifacts/prepare/model", "b": "state/policy"}]
     assert "eval accuracy" in run(["rlpipe", "diff", "0", "."], root).stdout
+    # the tag's eval rollouts through DVC, as diff's per-prompt commands read them
+    old = json.loads(run(["rlpipe", "inspect", ".", "--rev", "0", "--eval", "--prompt-id", "3", "--json"], root).stdout)
+    assert [r["prompt_id"] for r in old["rows"]] == [3] and old["summary"]["run"]["revision"] == "iteration-0"
+
+    # Offline plots: the template serves `dvc plots diff` too; static charts of a diff without a browser.
+    run(["rlpipe", "plots", "setup"], root)
+    run(["dvc", "plots", "diff", "iteration-0", "-o", "diff_html"], root)
+    page = (root / "diff_html/index.html").read_text()
+    assert "cdn.jsdelivr" not in page and "no network needed" in page
+    assert page.count("vegaEmbed('#") == len(ITERATION_PLOTS + STEP_PLOTS)
+    run(["rlpipe", "plots", "render", "charts", "--rev", "iteration-0", "--format", "svg"], root)
+    svgs = sorted(p.name for p in (root / "charts").glob("*.svg"))
+    assert len(svgs) == len(ITERATION_PLOTS + STEP_PLOTS)
+    assert "iteration-0" in (root / "charts/reward-per-iteration.svg").read_text()  # the legend's revisions
 
 
 def test_exp_run_sweeps_a_param_and_exp_show_lists_the_metrics(project_copy):

@@ -1,0 +1,214 @@
+"""Fixed cost of an iteration: wall time of `rlpipe run` against the pure compute its stages report.
+
+Builds the workload itself and runs the real pipeline (DVC stages, `rlpipe run`'s loop, the warm
+servers unless --no-servers), then reads every stage's metrics/<stage>.json after each iteration:
+``compute`` (decoding, log-prob passes, optimizer steps, scoring) is the pure compute; everything
+else (process start, imports, reading, engine start, compilation, writing, DVC and
+`rlpipe iterate` bookkeeping) is fixed cost. The ratio wall / compute is the issue's measure (#12).
+
+GPU workload (the issue's): a random-weight Llama with Qwen2.5-0.5B's (or 1.5B's) shape and a
+151,936-word tokenizer, N prompts x G samples x T new tokens, vLLM generation, bf16, GRPO:
+
+    python benchmarks/fixed_cost.py --workdir /tmp/fc --shape 0.5b --iterations 2 --out fc.json
+
+CPU: the embedded tiny default (`--tiny`), e.g. for the stage server's effect on the 2-core box:
+
+    python benchmarks/fixed_cost.py --workdir /tmp/fc-tiny --tiny --iterations 3 [--no-servers]
+
+Without DVC's git integration (`dvc init --no-scm`, `rlpipe run --no-commit`), so it runs on a
+machine without git; DVC's hashing, caching and lock files are all there.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # the device carry has no FlashInfer
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SHAPES = {  # Qwen2.5 shapes as Llama configs (a Llama-type model keeps its own tokenizer.json under transformers 5)
+    "0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+             "intermediate_size": 4864},
+    "1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+             "intermediate_size": 8960},
+}
+VOCAB = 151_936
+EOS, PAD = 151_645, 151_643
+STAGES = ("generate", "score", "reference_logprob", "values", "advantage", "train", "evaluate")
+
+
+def build_model(path: Path, shape: str, context: int) -> None:
+    """Random bf16 weights of the shape, a WordLevel tokenizer of VOCAB words ("t0".."t151935"), saved locally."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    config = LlamaConfig(**SHAPES[shape], vocab_size=VOCAB, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                         tie_word_embeddings=True, bos_token_id=PAD, eos_token_id=EOS, pad_token_id=PAD,
+                         max_position_embeddings=context)
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    model = LlamaForCausalLM(config)
+    torch.set_default_dtype(torch.float32)
+    model.save_pretrained(path)
+    raw = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    raw.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=f"t{EOS}", pad_token=f"t{PAD}",
+                                  unk_token="t0")
+    tok.save_pretrained(path)
+
+
+def write_prompts(path: Path, count: int, words: int, seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for i in range(count):
+            prompt = " ".join(f"t{rng.randrange(1000, 150_000)}" for _ in range(words))
+            f.write(json.dumps({"prompt": prompt, "answer": str(i % 10)}) + "\n")
+
+
+def merge(base: dict, over: dict) -> dict:
+    for key, value in over.items():
+        base[key] = merge(base.get(key, {}), value) if isinstance(value, dict) else value
+    return base
+
+
+def gpu_params(model: str, prompts: int, group: int, new_tokens: int, prompt_words: int) -> dict:
+    """The GPU settings of docs/your-own-model.md for this workload (GRPO, vLLM, bf16, compiled layers)."""
+    return {
+        "policy": {"path": model}, "reference": {"path": model}, "critic": {"path": model},
+        "reward_model": {"init": model, "device": "cuda", "dtype": "bfloat16"},
+        "prepare": {"source": "files", "max_prompt_tokens": prompt_words + 8,
+                    "files": {"train": "data/train.jsonl", "eval": "data/eval.jsonl", "tokenizer_path": model,
+                              "prompt_column": "prompt", "answer_column": "answer", "chat_template": "off"}},
+        "generate": {"engine": "auto", "device": "cuda", "dtype": "bfloat16", "prompts_per_iteration": prompts,
+                     "group_size": group, "max_new_tokens": new_tokens, "temperature": 1.0,
+                     "vllm": {"gpu_memory_utilization": 0.5, "max_model_len": prompt_words + new_tokens + 16}},
+        "reference_logprob": {"device": "cuda", "dtype": "bfloat16", "max_tokens_per_batch": 65536},
+        "values": {"device": "cuda", "dtype": "bfloat16"},
+        "train": {"device": "cuda", "dtype": "bfloat16", "minibatch_size": 256, "micro_batch_size": 64,
+                  "max_tokens_per_micro_batch": 32768, "lr": 1.0e-6, "epochs": 2},
+        "evaluate": {"engine": "auto", "device": "cuda", "dtype": "bfloat16", "max_new_tokens": new_tokens,
+                     "batch_size": 64},
+    }
+
+
+def user_mode_dvc_yaml(text: str) -> str:
+    """The pipeline for prompt files instead of the tiny task: files as prepare deps, no model output."""
+    pipeline = yaml.safe_load(text)
+    prepare = pipeline["stages"]["prepare"]
+    prepare["deps"] += ["data/train.jsonl", "data/eval.jsonl"]
+    prepare["outs"] = [o for o in prepare["outs"] if o != "${paths.model_dir}"]
+    return yaml.safe_dump(pipeline, sort_keys=False)
+
+
+def setup(work: Path, args) -> None:
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    for name in ("stages", "rlpipe"):  # rlpipe: the stages' DVC deps (the code itself runs from the installed package)
+        shutil.copytree(REPO / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("params.yaml", ".dvcignore"):
+        shutil.copy(REPO / name, work / name)
+    dvc_yaml = (REPO / "dvc.yaml").read_text()
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    if not args.tiny:
+        model = work / "models" / f"random-{args.shape}"
+        build_model(model, args.shape, args.prompt_words + args.new_tokens + 64)
+        (work / "data").mkdir()
+        write_prompts(work / "data/train.jsonl", args.prompts, args.prompt_words, seed=1)
+        write_prompts(work / "data/eval.jsonl", args.eval_prompts, args.prompt_words, seed=2)
+        params = merge(params, gpu_params(str(model.relative_to(work)), args.prompts, args.group, args.new_tokens,
+                                          args.prompt_words))
+        dvc_yaml = user_mode_dvc_yaml(dvc_yaml)
+    params = merge(params, {"worker": {"stage_server": args.servers, "engine_server": "auto" if args.servers else False}})
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (work / "dvc.yaml").write_text(dvc_yaml)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=work, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], cwd=work, check=True)
+
+
+def stage_seconds(work: Path) -> dict[str, dict]:
+    out = {}
+    for name in STAGES:
+        f = work / "metrics" / f"{name}.json"
+        if f.is_file():
+            m = json.loads(f.read_text())
+            out[name] = {**m["seconds"], **({"engine_server_seconds": m["engine_server_seconds"]}
+                                            if "engine_server_seconds" in m else {})}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--tiny", action="store_true", help="the embedded tiny default (CPU) instead of the GPU workload")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
+    ap.add_argument("--prompts", type=int, default=512)
+    ap.add_argument("--eval-prompts", type=int, default=64)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=512)
+    ap.add_argument("--prompt-words", type=int, default=64)
+    ap.add_argument("--iterations", type=int, default=2)
+    ap.add_argument("--servers", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--out", help="write the results as JSON here")
+    args = ap.parse_args()
+    work = Path(args.workdir).resolve()
+    t0 = time.perf_counter()
+    setup(work, args)
+    print(f"set up {work} in {time.perf_counter() - t0:.1f} s", flush=True)
+
+    from rlpipe.run.loop import run_iterations
+
+    rows: list[dict] = []
+    marks = [time.perf_counter()]
+
+    def record(row: dict) -> None:
+        marks.append(time.perf_counter())
+        seconds = stage_seconds(work)
+        compute = sum(s.get("compute", 0.0) for s in seconds.values())
+        wall = marks[-1] - marks[-2]
+        rows.append({"iteration": row["iteration"], "wall_s": round(wall, 2), "compute_s": round(compute, 2),
+                     "ratio": round(wall / compute, 3) if compute else None, "stages": seconds})
+        print(f"iteration {row['iteration']}: wall {wall:.1f} s, pure compute {compute:.1f} s, "
+              f"ratio {wall / compute if compute else float('nan'):.3f}", flush=True)
+        for name, s in seconds.items():
+            print(f"  {name:18s} total {s['total']:7.2f}  compute {s.get('compute', 0.0):7.2f}  "
+                  f"fixed {s['fixed']:6.2f}  " + " ".join(f"{k}={v}" for k, v in s.items()
+                                                          if k not in ("total", "compute", "fixed")), flush=True)
+
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        run_iterations(work, until=args.iterations, commit=False, servers=args.servers, on_iteration=record)
+    finally:
+        os.chdir(cwd)
+    result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.node(), "args": vars(args), "iterations": rows}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            result["card"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""DVC's repro, status and add through its Python API, with the CLI as the fallback.
+
+Why in-process: each ``dvc`` command costs about a second of Python start-up and imports on the
+2-core box before doing anything; `rlpipe run` issues several per iteration (repro, status, add).
+The API is the same code the CLI runs (``dvc.repo.Repo``), so locks, the run cache and dvc.lock
+behave exactly as with ``dvc repro``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from contextlib import chdir
+from pathlib import Path
+from typing import Any
+
+from rlpipe.errors import RlpipeError
+
+def _api_available() -> bool:
+    try:
+        import dvc.repo  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _cli(args: list[str], root: Path, *, capture: bool) -> str:
+    proc = subprocess.run(["dvc", *args], cwd=root, capture_output=capture, text=True)
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout or "").strip() if capture else ""
+        raise RlpipeError(f"`dvc {' '.join(args)}` failed (exit {proc.returncode})" + (f": {detail}" if detail else ""))
+    return proc.stdout or ""
+
+
+def repro(root: str | os.PathLike, targets: list[str] | None = None) -> list[str]:
+    """``dvc repro [targets]``; returns the names of the stages that ran (or were restored from the run cache)."""
+    root = Path(root).resolve()
+    if not _api_available():
+        _cli(["repro", *(targets or [])], root, capture=False)
+        return []
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    with chdir(root):  # DVC resolves stage working directories against the cwd
+        try:
+            with Repo(str(root)) as repo:
+                stages = repo.reproduce(targets or None)
+        except DvcException as e:
+            raise RlpipeError(f"`dvc repro` failed: {e}") from None
+    return [s.addressing for s in stages]
+
+
+def status(root: str | os.PathLike) -> dict[str, Any]:
+    """``dvc status --json`` as a dict (empty when every stage is up to date)."""
+    root = Path(root).resolve()
+    if not _api_available():
+        out = _cli(["status", "--json"], root, capture=True).strip()
+        return json.loads(out) if out else {}
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    with chdir(root):  # DVC resolves stage working directories against the cwd
+        try:
+            with Repo(str(root)) as repo:
+                return dict(repo.status())
+        except DvcException as e:
+            raise RlpipeError(f"`dvc status` failed: {e}") from None
+
+
+def add(root: str | os.PathLike, path: str) -> None:
+    """``dvc add path`` (track a directory such as state/policy in the DVC cache, with a .dvc file for git)."""
+    root = Path(root).resolve()
+    if not _api_available():
+        _cli(["add", path], root, capture=True)
+        return
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    with chdir(root):  # DVC resolves stage working directories against the cwd
+        try:
+            with Repo(str(root)) as repo:
+                repo.add(path)
+        except DvcException as e:
+            raise RlpipeError(f"`dvc add {path}` failed: {e}") from None

@@ -1,0 +1,80 @@
+"""Which warm servers a run uses, from params.yaml's ``worker`` section, and their command lines.
+
+The stage server is started for every run (``worker.stage_server``); the engine server only where
+an engine is worth keeping (``worker.engine_server: auto`` = when generation runs on vLLM) and only
+once the policy directory exists (the tiny default's ``prepare`` creates it in iteration 0).
+"""
+from __future__ import annotations
+
+import json
+import os
+from contextlib import ExitStack
+from pathlib import Path
+
+from rlpipe.config import Params
+from rlpipe.worker import lifecycle
+
+
+def warm_dirs(root: Path, params: Params) -> list[str]:
+    dirs = {params.policy.path, params.reference.path, params.paths.model_dir}
+    return sorted(str(root / d) for d in dirs if (root / d / "config.json").is_file())
+
+
+def stage_server_args(root: Path, params: Params) -> list[str]:
+    args = []
+    for d in warm_dirs(root, params):
+        args += ["--warm", d]
+    return args
+
+
+def wants_engine_server(params: Params) -> bool:
+    setting = params.worker.engine_server
+    if setting == "auto":
+        from rlpipe.generate import choose_engine
+
+        return choose_engine(params.generate) == "vllm"
+    return bool(setting)
+
+
+def engine_server_args(root: Path, params: Params) -> list[str]:
+    from rlpipe.generate import choose_engine
+    from rlpipe.worker.engine_client import engine_settings
+
+    g = params.generate
+    settings = engine_settings(choose_engine(g), device=g.device, dtype=g.dtype, batch_size=g.batch_size, vllm=g.vllm)
+    args = ["--settings", json.dumps(settings), "--model", str(root / params.policy.path)]
+    return args + (["--sleep"] if params.worker.engine_sleep else [])
+
+
+class RunServers:
+    """The servers of one `rlpipe run`: started on entry (or when they become possible), stopped on exit.
+
+    A server that was already running (`rlpipe worker start`) is used and left running.
+    """
+
+    def __init__(self, root: str | os.PathLike, params: Params) -> None:
+        self.root = Path(root).resolve()
+        self.stack = ExitStack()
+        self.engine_started = False
+        self.params = params
+
+    def __enter__(self) -> "RunServers":
+        if self.params.worker.stage_server:
+            self.stack.enter_context(lifecycle.serving("stage", self.root, stage_server_args(self.root, self.params)))
+        self.refresh(self.params)
+        return self
+
+    def refresh(self, params: Params) -> None:
+        """Warm the model dirs that exist now; start the engine server once it is wanted and its policy exists."""
+        self.params = params
+        if params.worker.stage_server:
+            lifecycle.warm(self.root, warm_dirs(self.root, params))
+        if self.engine_started or not wants_engine_server(params):
+            return
+        if not (self.root / params.policy.path / "config.json").is_file():
+            return
+        self.stack.enter_context(lifecycle.serving("engine", self.root, engine_server_args(self.root, params)))
+        self.engine_started = True
+
+    def __exit__(self, *exc) -> None:
+        self.stack.close()

@@ -1,0 +1,50 @@
+"""A DVC project with this repository's dvc.yaml and params.yaml and hand-made plot data, no `dvc repro`.
+
+`dvc plots show` reads only the plot files that dvc.yaml names, so the charts of a real run can be
+drawn in a second: ``ITERATIONS`` rows of plots/iterations.csv (written by rlpipe.history, as
+`rlpipe iterate` writes it) and ``STEPS`` rows of plots/train_steps.csv (rlpipe.training.report's
+columns). Every chart of dvc.yaml then has data: 9 charts.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from rlpipe.history import write_history_csv
+from rlpipe.training.report import write_steps_csv
+
+REPO = Path(__file__).resolve().parents[1]
+ITERATIONS, STEPS = 6, 12
+# dvc.yaml's top-level plots (8) plus the train stage's loss plot of plots/train_steps.csv.
+CHARTS = 9
+
+
+def history_rows(n: int = ITERATIONS) -> list[dict[str, float]]:
+    return [{"iteration": k, "eval_accuracy": 0.40 + 0.08 * k, "train_accuracy": 0.45 + 0.07 * k,
+             "eval_reward_mean": 0.8 + 0.1 * k, "train_reward_mean": 0.9 + 0.08 * k, "kl_ref": 0.05 * k,
+             "approx_kl_old": 0.03 - 0.004 * k, "clip_fraction": 0.12 - 0.015 * k, "entropy_old": 0.2 - 0.02 * k,
+             "length_mean": 3.0 + 0.1 * k} for k in range(n)]
+
+
+def step_rows(n: int = STEPS) -> list[dict[str, float]]:
+    return [{"step": s, "epoch": s * 2 // n, "loss": 0.1 - 0.005 * s, "grad_norm": 2.0 + (s % 3), "lr": 3e-4,
+             "sequences": 256, "tokens": 900, "approx_kl": 0.01 * (s % 4), "clip_fraction": 0.1 + 0.01 * (s % 5),
+             "dual_clip_fraction": 0.0, "ratio_mean": 1.0, "ratio_min": 0.5, "ratio_max": 2.0,
+             "kl_ref": 0.02 * s} for s in range(n)]
+
+
+def make_plots_project(root: Path) -> Path:
+    """``root`` as a DVC project (no git) whose `dvc plots show` draws every chart of dvc.yaml."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy2(REPO / name, root / name)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=root, check=True)
+    history = root / "history" / "iterations.jsonl"
+    history.parent.mkdir(parents=True, exist_ok=True)
+    history.write_text("".join(json.dumps(r) + "\n" for r in history_rows()))
+    write_history_csv(history, root / "plots" / "iterations.csv")
+    write_steps_csv(str(root / "plots" / "train_steps.csv"), step_rows())
+    return root
