@@ -153,13 +153,19 @@ def set_limits(limits: dict, *, processes: int | None) -> None:
         resource.setrlimit(getattr(resource, name), (value, value))
 
 
-def new_session_keyring() -> None:
+def fresh_keyrings(*, clear_user_keyring: bool) -> None:
     """Join a fresh, empty session keyring: the one inherited from the scoring process would be shared
-    by every row (keys are kernel state, outside every namespace). Best effort: a kernel without
-    keyrings has nothing to share. The syscall filter then refuses every keyring call anyway."""
+    by every row (keys are kernel state, outside every namespace). With ``clear_user_keyring`` (the
+    program runs as a sandbox user, never as the scoring user), also empty that user's keyring, which
+    outlives its processes and would carry keys to the next row of the same user. Best effort: a
+    kernel without keyrings has nothing to share. The syscall filter then refuses every keyring call."""
     table = ARCHES.get(seccomp_arch() or "")
-    if table is not None:
-        _libc.syscall(ctypes.c_long(table["nr"]["keyctl"]), ctypes.c_long(1), ctypes.c_void_p(None))  # JOIN_SESSION
+    if table is None:
+        return
+    keyctl = ctypes.c_long(table["nr"]["keyctl"])
+    _libc.syscall(keyctl, ctypes.c_long(1), ctypes.c_void_p(None))  # KEYCTL_JOIN_SESSION_KEYRING, anonymous
+    if clear_user_keyring:
+        _libc.syscall(keyctl, ctypes.c_long(7), ctypes.c_long(-4))  # KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING
 
 
 def drop_privileges(uid: int, gid: int) -> None:

@@ -189,7 +189,7 @@ def case_process(plan: dict, case: dict, fds: dict) -> None:
         os.umask(0o077)
         if plan["uid"] is not None:
             isolate.drop_privileges(plan["uid"], plan["gid"])
-        isolate.new_session_keyring()
+        isolate.fresh_keyrings(clear_user_keyring=plan["uid"] is not None)
         if plan["seccomp"]:
             isolate.install_seccomp(host_ipc=not plan["namespaces"])
         else:

@@ -144,7 +144,8 @@ def test_seven_256_mib_processes_do_not_fit_a_512_mib_row():
         assert result.kind in ("memory", "wrong_answer"), result
         if result.kind == "wrong_answer":
             assert int(result.message.rsplit(" ", 1)[1]) <= 2, result.message
-        assert result.peak_memory_bytes is not None and result.peak_memory_bytes <= 512 << 20
+        if result.peak_memory_bytes is not None:  # (cgroup v2 has memory.peak from Linux 5.19)
+            assert result.peak_memory_bytes <= 512 << 20
     else:  # the documented fallback: each process is still capped by RLIMIT_AS
         assert "memory cgroup" in ISOLATION.missing["row_memory_limit"]
         assert verdict("x = bytearray(600 << 20)\n" + CORRECT_ADD, memory_mb=512).kind == "memory"
@@ -285,7 +286,9 @@ print(json.dumps(out))
 def test_keys_of_one_row_are_not_found_by_the_next(name):
     isolation = VARIANTS[name]
     first, second = (json.loads(raw(KEYRINGS, isolation=isolation).out) for _ in range(2))
-    assert not second["found_user"] and not second["found_session"]  # the first row's keys are not there
+    assert not second["found_session"]  # the first row's key is not there
+    if isolation.users != "self" or "syscall_filter" in isolation.active:
+        assert not second["found_user"]  # (as the scoring user with no filter, its user keyring is the host's)
     if "syscall_filter" in isolation.active:
         assert first["add_user"] == first["add_session"] == -1  # EPERM: no keyring at all
     elif first["add_session"] > 0:  # no filter (ours, nor the container's): a fresh session keyring per case
