@@ -98,6 +98,7 @@ class _Watch:
         self.report, self.runner_output = bytearray(), bytearray()
         self.lines: list[tuple[str, dict]] = []
         self.exited = False
+        self.driver_pidfd: int | None = None  # the namespace's PID 1, once the supervisor has named it
         self.sel = selectors.DefaultSelector()
         self.plan = memoryview(plan)
         for fd, data, events in ((proc.stdout.fileno(), "out", selectors.EVENT_READ),
@@ -255,11 +256,10 @@ def _run(program: dict, cases: list[dict], limits: SandboxLimits, isolation: Iso
         os.close(report_w)
         report_w = -1
         watch = _Watch(proc, report_r, json.dumps(plan).encode(), token)
-        driver_pidfd = None
         try:
-            driver_pidfd = _follow(watch, proc, isolation, limits, len(cases), on_case)
+            _follow(watch, proc, isolation, limits, len(cases), on_case)
         finally:
-            _end(watch, proc, isolation, driver_pidfd, cgroups, uid)
+            _end(watch, proc, isolation, cgroups, uid)
         return RowRun(wall_s=time.monotonic() - start,
                       peak_memory_bytes=cgroups.peak_memory_bytes() if cgroups else None)
     finally:
@@ -273,14 +273,15 @@ def _run(program: dict, cases: list[dict], limits: SandboxLimits, isolation: Iso
 
 
 def _follow(watch: _Watch, proc: subprocess.Popen, isolation: Isolation, limits: SandboxLimits, total: int,
-            on_case: Callable[[CaseRecord], bool]) -> int | None:
-    """Read the runner's messages phase by phase until the last case (or on_case says stop)."""
-    ready, driver_pidfd, seen = False, None, 0
+            on_case: Callable[[CaseRecord], bool]) -> None:
+    """Read the runner's messages phase by phase until the last case (or on_case says stop).
+    The driver's pidfd goes on `watch` as soon as it is known, so that `_end` has it whatever happens."""
+    ready, seen = False, 0
     deadline = time.monotonic() + SETUP_TIMEOUT_S
     while True:
         for word, payload in watch.lines:
-            if word == "child" and driver_pidfd is None and isolation.namespaces and not ready:
-                driver_pidfd = _driver_pidfd(payload.get("pid"), proc.pid)
+            if word == "child" and watch.driver_pidfd is None and isolation.namespaces and not ready:
+                watch.driver_pidfd = _driver_pidfd(payload.get("pid"), proc.pid)
             elif word == "setup_error" and not ready:
                 raise SandboxUnavailable(f"sandbox set-up failed: {payload.get('message')}")
             elif word == "ready" and not ready:
@@ -291,9 +292,9 @@ def _follow(watch: _Watch, proc: subprocess.Popen, isolation: Isolation, limits:
                 seen += 1
                 deadline = time.monotonic() + limits.timeout_s + CASE_GRACE_S
                 if not on_case(_record(payload)) or seen == total:
-                    return driver_pidfd
+                    return
             elif word == "done" and ready:
-                return driver_pidfd
+                return
         watch.lines.clear()
         if watch.exited:
             watch.drain()
@@ -311,9 +312,10 @@ def _follow(watch: _Watch, proc: subprocess.Popen, isolation: Isolation, limits:
         watch.poll(remaining)
 
 
-def _end(watch: _Watch, proc: subprocess.Popen, isolation: Isolation, driver_pidfd: int | None,
-         cgroups: RowCgroups | None, uid: int | None) -> None:
+def _end(watch: _Watch, proc: subprocess.Popen, isolation: Isolation, cgroups: RowCgroups | None,
+         uid: int | None) -> None:
     """Kill the row and wait for every one of its processes (see the module docstring)."""
+    driver_pidfd = watch.driver_pidfd
     try:
         if driver_pidfd is not None:  # PID 1 of the namespace: the kernel kills all of it, then lets it exit
             try:
