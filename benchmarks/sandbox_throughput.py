@@ -58,7 +58,8 @@ def lcs(a, b):
         prev = cur
     return prev[-1]
 """
-STDIN_TYPICAL = STDIN_FUNCTIONS + "n = int(sys.stdin.readline())\na, b = sys.stdin.readline().split()\nprint(primes(n))\nprint(lcs(a, b))\n"
+STDIN_TYPICAL = STDIN_FUNCTIONS + ("n = int(sys.stdin.readline())\na, b = sys.stdin.readline().split()\n"
+                                   "print(primes(n))\nprint(lcs(a, b))\n")
 CALL_TYPICAL = (
     "from functools import lru_cache\n"
     "def lcs(a, b):\n"

@@ -21,12 +21,14 @@ __all__ = ["PROBLEMS", "completion", "prompt_rows", "write_prompt_file"]
 
 def _stdin(name, prompt, inputs, outputs, correct, wrong, fmt="apps"):
     tests = {"inputs": inputs, "outputs": outputs} if fmt == "apps" else {"input": inputs, "output": outputs}
-    return {"id": name, "kind": "stdin", "prompt": prompt, "tests": json.dumps(tests), "correct": correct, "wrong": wrong}
+    return {"id": name, "kind": "stdin", "prompt": prompt, "tests": json.dumps(tests), "correct": correct,
+            "wrong": wrong}
 
 
 def _call(name, prompt, fn, inputs, outputs, correct, wrong):
     return {"id": name, "kind": "call", "prompt": prompt, "fn_name": fn,
-            "tests": json.dumps({"inputs": inputs, "outputs": outputs, "fn_name": fn}), "correct": correct, "wrong": wrong}
+            "tests": json.dumps({"inputs": inputs, "outputs": outputs, "fn_name": fn}), "correct": correct,
+            "wrong": wrong}
 
 
 def _functional(name, prompt, fn, items, correct, wrong):
@@ -113,7 +115,8 @@ PROBLEMS = [
            ["2 2\n", "3 7\n", "1 1\n"], ["2\n", "28\n", "1\n"],
            "m, n = map(int, input().split())\nrow = [1] * n\nfor _ in range(m - 1):\n    for j in range(1, n):\n"
            "        row[j] = (row[j] + row[j - 1]) % 1000000007\nprint(row[-1])\n",
-           "m, n = map(int, input().split())\nrow = [1] * (n + 1)\nfor _ in range(m - 1):\n    for j in range(1, n + 1):\n"
+           "m, n = map(int, input().split())\nrow = [1] * (n + 1)\nfor _ in range(m - 1):\n"
+           "    for j in range(1, n + 1):\n"
            "        row[j] = (row[j] + row[j - 1]) % 1000000007\nprint(row[-1])\n"),
     _stdin("brackets", "Print YES if the line of ( and ) is balanced, else NO.",
            ["(())\n", ")(\n", "(()\n"], ["YES\n", "NO\n", "NO\n"],

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ast
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rlpipe.rewards.code import values
 
@@ -180,7 +180,7 @@ class _Context:
         self.constants, self.defined, self.rename = constants, defined, rename
 
     def call(self, node: ast.expr) -> tuple[dict, tuple] | None:
-        """The sandbox case of `node` if it is (a transform of) a call of the program's function, with the transforms."""
+        """(sandbox case, transforms) if `node` is (a transform of) a call of the program's function, else None."""
         transforms: list = []
         while True:
             if isinstance(node, ast.Subscript):

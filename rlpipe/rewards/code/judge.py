@@ -64,14 +64,18 @@ def _holds(actual, check: Check, tolerance: float) -> bool:
                                          and eq(actual, expected[0]))
         return equal if op == "eq" else not equal
     if op in ("in", "not_in"):
-        found = any(eq(actual, item) for item in expected) if isinstance(expected, (list, tuple)) else actual in expected
+        if isinstance(expected, (list, tuple)):
+            found = any(eq(actual, item) for item in expected)
+        else:
+            found = actual in expected
         return found if op == "in" else not found
     if op in ("contains", "not_contains"):
         return (expected in actual) == (op == "contains")
     if op in ("is", "is_not"):
         return (actual is expected) == (op == "is")
     if op in ("lt", "le", "gt", "ge"):
-        return {"lt": actual < expected, "le": actual <= expected, "gt": actual > expected, "ge": actual >= expected}[op]
+        return {"lt": actual < expected, "le": actual <= expected, "gt": actual > expected,
+                "ge": actual >= expected}[op]
     if op in ("truthy", "falsy"):
         return bool(actual) == (op == "truthy")
     if op == "isclose":

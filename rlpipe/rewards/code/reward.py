@@ -149,8 +149,8 @@ def _check_options(tests_key, partial_credit, float_tolerance, allow_forgeable_t
     unknown = [name for name in required_protections if name not in PROTECTIONS]
     if unknown:
         hints = [f"{n} is now {_RENAMED[n]}" for n in unknown if n in _RENAMED]
-        raise ValueError(f"code_tests: unknown protection(s) {unknown}{' (' + '; '.join(hints) + ')' if hints else ''}; "
-                         f"valid: {', '.join(PROTECTIONS)}")
+        renamed = f" ({'; '.join(hints)})" if hints else ""
+        raise ValueError(f"code_tests: unknown protection(s) {unknown}{renamed}; valid: {', '.join(PROTECTIONS)}")
 
 
 def code_tests(sample: Sample, *, tests_key: str | None, timeout_s: float, cpu_time_s: int, memory_mb: int,

@@ -15,7 +15,7 @@ import pytest
 from rlpipe.rewards.code import BadTests
 from rlpipe.rewards.functions import RewardResult
 from rlpipe.scoring import score_rows
-from tests.rewards.code.helpers import ADD_IO, ADD_TESTS, raw, score, verdict
+from tests.rewards.code.helpers import ADD_IO, ADD_TESTS, raw, score
 from tests.rewards.code.test_reward import code_table, stage_config
 
 WRONG = "\ndef add(a, b):\n    return a - b\n"
@@ -144,7 +144,7 @@ import gc, sys
 def biggest_int(objects):
     best = 0
     for obj in objects:
-        items = obj if isinstance(obj, (list, tuple, set, frozenset)) else obj.values() if isinstance(obj, dict) else [obj]
+        items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple, set)) else [obj]
         for item in items:
             if type(item) is int and item > best:
                 best = item
@@ -217,7 +217,8 @@ def test_unittest_tests_are_refused_and_the_opt_in_says_forgeable():
     "class E:\n    def __eq__(self, other):\n        return True\n    __hash__ = None\nvalue = E()",
     "class E(int):\n    def __eq__(self, other):\n        return True\nvalue = E(5)",
     "class E(dict):\n    def __eq__(self, other):\n        return True\nvalue = E()",
-    "class E:\n    __class__ = property(lambda self: int)\n    def __eq__(self, other):\n        return True\nvalue = E()",
+    "class E:\n    __class__ = property(lambda self: int)\n    def __eq__(self, other):\n"
+    "        return True\nvalue = E()",
 ])
 def test_an_object_that_equals_everything_is_a_wrong_answer(returned):
     result = score(f"{returned}\ndef add(a, b):\n    return value\n")

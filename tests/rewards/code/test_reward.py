@@ -92,7 +92,8 @@ def test_call_based_solutions_may_be_a_leetcode_class_and_stdin_main_blocks_do_n
     lcb = [{"input": "[1, 2]", "output": "3", "testtype": "functional"}]
     leetcode = "class Solution:\n    def total(self, xs):\n        return sum(xs)\n"
     assert score(leetcode, lcb, metadata={"fn_name": "total"}).detail == "pass"
-    guarded = "def add(a, b):\n    return a + b\nif __name__ == '__main__':\n    print(add(*map(int, input().split())))\n"
+    guarded = ("def add(a, b):\n    return a + b\n"
+               "if __name__ == '__main__':\n    print(add(*map(int, input().split())))\n")
     assert score(guarded).detail == "pass"  # its __main__ block would wait for input: it does not run
 
 

@@ -26,8 +26,8 @@ from rlpipe.rewards.code.cgroups import CgroupHost
 from rlpipe.rewards.code.host import PROTECTIONS, Isolation, SandboxUnavailable, host_isolation
 from rlpipe.rewards.code.reward import redact
 from rlpipe.rewards.functions import RewardResult
-from tests.rewards.code.helpers import (ADD_TESTS, ISOLATION, limits, processes_named, raw, sandbox_processes, score,
-                                        variant, verdict, weaker_variants)
+from tests.rewards.code.helpers import (ADD_TESTS, ISOLATION, processes_named, raw, sandbox_processes, score, variant,
+                                        verdict, weaker_variants)
 
 VARIANTS = weaker_variants()
 CORRECT_ADD = "def add(a, b):\n    return a + b\n"
