@@ -45,6 +45,8 @@ SHAPES = {  # Qwen2.5 shapes as Llama configs (a Llama-type model keeps its own 
              "intermediate_size": 4864},
     "1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
              "intermediate_size": 8960},
+    "check": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 128},  # to check the script itself on a CPU (--device cpu)
 }
 VOCAB = 151_936
 EOS, PAD = 151_645, 151_643
@@ -133,8 +135,10 @@ def setup(work: Path, args) -> None:
         (work / "data").mkdir()
         write_prompts(work / "data/train.jsonl", args.prompts, args.prompt_words, seed=1)
         write_prompts(work / "data/eval.jsonl", args.eval_prompts, args.prompt_words, seed=2)
-        params = merge(params, gpu_params(str(model.relative_to(work)), args.prompts, args.group, args.new_tokens,
-                                          args.prompt_words))
+        settings = gpu_params(str(model.relative_to(work)), args.prompts, args.group, args.new_tokens, args.prompt_words)
+        if args.device == "cpu":
+            settings = json.loads(json.dumps(settings).replace('"cuda"', '"cpu"').replace('"bfloat16"', '"float32"'))
+        params = merge(params, settings)
         dvc_yaml = user_mode_dvc_yaml(dvc_yaml)
     params = merge(params, {"worker": {"stage_server": args.servers, "engine_server": "auto" if args.servers else False}})
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -166,6 +170,8 @@ def main() -> None:
     ap.add_argument("--prompt-words", type=int, default=64)
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--servers", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the --shape workload on the CPU "
+                                                                            "(to check the script; use --shape check)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args()
     work = Path(args.workdir).resolve()

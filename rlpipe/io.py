@@ -139,7 +139,7 @@ def _kind(dtype: pl.DataType) -> str:
         return "int"
     if dtype.is_float():
         return "float"
-    if isinstance(dtype, pl.List):
+    if isinstance(dtype, (pl.List, pl.Array)):  # polars builds an Array when every row has the same length
         return "list[" + _kind(dtype.inner) + "]"
     return str(dtype)
 

@@ -21,6 +21,7 @@ at k+1 in the work tree but k at HEAD (only the commit of the start of k+1 is mi
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -167,8 +168,21 @@ def history_row(params: Params, root: Path) -> dict[str, Any]:
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
+    """Replace ``dst`` by a copy of ``src``, made of hard links where the file system allows.
+
+    Why links: a checkpoint is gigabytes; a link costs nothing, and DVC, which already hashed the
+    checkpoint as train's output, recognises the same inode when it adds ``dst`` (no re-hash). Safe
+    because no rlpipe step changes a file in place: outputs are replaced by renames (rlpipe.io).
+    """
     with atomic_path(dst) as tmp:
-        shutil.copytree(src, tmp)
+        shutil.copytree(src, tmp, copy_function=_link_or_copy)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links not allowed
+        shutil.copy2(src, dst)
 
 
 def _git_commit_of(root: Path, ref: str) -> str | None:

@@ -121,8 +121,7 @@ def model_eos_token_ids(path: str | Path, tokenizer: Any) -> list[int]:
     return eos_token_ids(SimpleNamespace(generation_config=generation), tokenizer)
 
 
-MASTER_DIR = "master"  # float32 weights beside lower-precision ones, for the next train stage only
-MASTER_FILE = "model.safetensors"
+MASTER_DIR = "master"  # a float32 copy of the weights (a model dir of its own) for the next train stage only
 
 
 def stored_dtype(path: str | Path) -> str:
@@ -132,15 +131,22 @@ def stored_dtype(path: str | Path) -> str:
     return name if name in DTYPES else "float32"
 
 
+def trainable_weights_dir(path: str | Path) -> Path:
+    """Where train loads a policy's weights from: its float32 master copy when it has one, else the dir itself."""
+    master = Path(path) / MASTER_DIR
+    return master if (master / "config.json").is_file() else Path(path)
+
+
 def save_checkpoint(model: Any, tokenizer: Any, out_dir: str | Path, *, policy_version: int,
                     dtype: str = "float32", master_weights: bool = False) -> None:
     """Save model + tokenizer atomically (temp dir + rename), tagged with the policy version.
 
     ``dtype``: the precision of the saved weights, which generate, reference_logprob and evaluate load
     (the policy's own, bf16 for most models: half the bytes of float32 to write, cache, push and load).
-    ``master_weights``: also write the float32 weights to ``master/`` for the next train stage, so an
-    iteration's update is not rounded away (bf16 keeps 8 significant bits: a change of less than
-    ~0.4% of a weight vanishes when rounded). Nothing but `load_master_weights` reads that folder.
+    ``master_weights``: also save the float32 weights as a model dir in ``master/``, where the next
+    train stage starts from (`trainable_weights_dir`), so an iteration's update is not rounded away
+    (bf16 keeps 8 significant bits: a change of less than ~0.4% of a weight vanishes when rounded).
+    vLLM and transformers read only the top-level weights.
     """
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
@@ -148,58 +154,16 @@ def save_checkpoint(model: Any, tokenizer: Any, out_dir: str | Path, *, policy_v
         if target == torch.float32:
             model.save_pretrained(str(tmp), safe_serialization=True)
         else:
-            from safetensors.torch import save_file
-
-            state = model.state_dict()
             if master_weights:
-                (tmp / MASTER_DIR).mkdir()
-                save_file({k: v.detach().float().contiguous() for k, v in _untied(model, state).items()},
-                          str(tmp / MASTER_DIR / MASTER_FILE), metadata={"format": "pt"})
+                model.save_pretrained(str(tmp / MASTER_DIR), safe_serialization=True)
             model.save_pretrained(str(tmp), safe_serialization=True,
-                                  state_dict={k: v.detach().to(target) for k, v in state.items()})
+                                  state_dict={k: v.detach().to(target) for k, v in model.state_dict().items()})
             # save_pretrained records the in-memory (float32) dtype; loaders with dtype "auto" read this field
             config = json.loads((tmp / "config.json").read_text())
             config.pop("torch_dtype", None)
             config["dtype"] = dtype
             (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         tokenizer.save_pretrained(str(tmp))
-        info = {"policy_version": policy_version, "dtype": dtype, "master_weights": bool(master_weights and
-                                                                                         target != torch.float32)}
+        info = {"policy_version": policy_version, "dtype": dtype,
+                "master_weights": bool(master_weights and target != torch.float32)}
         (tmp / CHECKPOINT_INFO).write_text(json.dumps(info, sort_keys=True) + "\n")
-
-
-def _untied(model: Any, state: dict[str, Any]) -> dict[str, Any]:
-    """The state dict without the second name of tied tensors (safetensors refuses shared storage)."""
-    seen: dict[int, str] = {}
-    out = {}
-    for name, tensor in state.items():
-        ptr = tensor.data_ptr()
-        if ptr in seen and tensor.numel() > 0:
-            continue
-        seen[ptr] = name
-        out[name] = tensor
-    return out
-
-
-def load_master_weights(model: Any, path: str | Path) -> bool:
-    """Load ``path``/master's float32 weights into ``model`` if the checkpoint has them; True if it did."""
-    master = Path(path) / MASTER_DIR / MASTER_FILE
-    if not master.is_file():
-        return False
-    from safetensors.torch import load_file
-
-    weights = load_file(str(master), device=str(next(model.parameters()).device))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    tied = {name for name in missing if name in _tied_names(model)}
-    if set(missing) - tied or unexpected:
-        raise ArtifactError(f"{master}: float32 master weights do not fit the model (missing {sorted(set(missing) - tied)[:5]}, "
-                            f"unexpected {sorted(unexpected)[:5]})")
-    return True
-
-
-def _tied_names(model: Any) -> set[str]:
-    state = model.state_dict()
-    by_ptr: dict[int, list[str]] = {}
-    for name, tensor in state.items():
-        by_ptr.setdefault(tensor.data_ptr(), []).append(name)
-    return {name for names in by_ptr.values() if len(names) > 1 for name in names}

@@ -16,13 +16,14 @@ On several GPUs (FSDP2; docs/distributed.md), the same arguments:
 import rlpipe.stage as stage  # first: starts the stage clock
 
 import dataclasses
+from pathlib import Path
 
 import typer
 
 from rlpipe.config import fine_points, load_params
 from rlpipe.io import read_artifact, write_artifact
-from rlpipe.models import (load_master_weights, load_model, load_tokenizer, read_policy_version, save_checkpoint,
-                           setup_torch, stored_dtype)
+from rlpipe.models import (load_model, load_tokenizer, read_policy_version, save_checkpoint, setup_torch,
+                           stored_dtype, trainable_weights_dir)
 from rlpipe.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS, VALUES
 from rlpipe.critic import load_critic, save_critic
 from rlpipe.distributed import finish, start
@@ -72,8 +73,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
                                read_artifact(values, VALUES) if with_critic else None)
         score_frame = read_artifact(scores, SCORES).frame
         tokenizer = load_tokenizer(policy)
-        model = load_model(policy, device=cfg.device, dtype="float32")
-        from_master = load_master_weights(model, policy)  # the exact float32 weights the last train ended with
+        weights = trainable_weights_dir(policy)  # the exact float32 weights the last train ended with, if kept
+        model = load_model(weights, device=cfg.device, dtype="float32")
         critic_model = load_critic(critic, seed=p.seed, device=cfg.device) if with_critic else None
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(model)
@@ -126,7 +127,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
          "policy_version_out": p.iteration + 1, "policy_loss_function": cfg.policy_loss_function,
          "profile": p.profile, "fine_points": fine_points(p), "compiled_layers": compiled,
          "resumed_from_step": int(state["step"]) if state else 0, "resume_states_written": states.written,
-         "checkpoint_dtype": save_dtype, "master_weights": {"loaded": from_master, "saved": master and
+         "checkpoint_dtype": save_dtype, "master_weights": {"loaded": weights != Path(policy), "saved": master and
                                                             save_dtype != "float32"}}
     stage.write_metrics(metrics, "train", m, timer)
     stage.summary_line("train", steps=m["optimizer_steps"], sequences=m["trained_sequences"],

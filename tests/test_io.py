@@ -525,6 +525,20 @@ def test_read_rejects_rlpipe_metadata_that_is_not_a_json_object(tmp_path, footer
     assert "not a JSON object" in rejected_on_read(path, ROLLOUTS)
 
 
+def test_write_accepts_per_token_columns_polars_built_as_fixed_size_arrays(tmp_path):
+    """Completions of one length (a model that never stops early) make polars build Array(Float32, n) columns;
+    they are stored as the schema's List(Float32), and read back equal."""
+    import numpy as np
+
+    df = pl.DataFrame({"prompt_id": [0, 0], "sample_idx": [0, 1], "reference_version": [0, 0]},
+                      schema_overrides={"sample_idx": pl.Int32}).with_columns(
+        pl.Series("ref_logprobs", np.array([[-1.0, -2.0], [-3.0, -4.0]], dtype=np.float32)))
+    assert isinstance(df.schema["ref_logprobs"], pl.Array)
+    art = io.read_artifact(io.write_artifact(df, tmp_path / "ref.parquet", REF_LOGPROBS), REF_LOGPROBS)
+    assert art.frame.schema["ref_logprobs"] == pl.List(pl.Float32)
+    assert art.frame["ref_logprobs"].to_list() == [[-1.0, -2.0], [-3.0, -4.0]]
+
+
 def test_write_rejects_int_that_does_not_fit_the_schema_width(tmp_path):
     df = ref_logprobs_frame().with_columns(pl.col("sample_idx").cast(pl.Int64) + 2**40)
     msg = rejected_on_write(df, REF_LOGPROBS, tmp_path)

@@ -1,0 +1,56 @@
+"""rlpipe.run.dvc: DVC called in-process writes the same dvc.lock bytes as DVC alone."""
+from __future__ import annotations
+
+import pytest
+
+from rlpipe.run.dvc import _lockfile_read_by_the_c_loader
+
+pytest.importorskip("_ruamel_yaml")  # ruamel.yaml.clib, the C loader (a dependency of rlpipe[dvc])
+
+LOCK = {"schema": "2.0", "stages": {
+    "generate": {"cmd": "python stages/generate.py --params params.yaml --prompts artifacts/prepare/train_prompts.parquet "
+                        "--policy state/policy --out artifacts/generate/rollouts.parquet --metrics metrics/generate.json",
+                 "deps": [{"path": "rlpipe/config.py", "hash": "md5", "md5": "542b139933d8fa9067afc5509c432f00",
+                           "size": 10589},
+                          {"path": "state/policy", "hash": "md5", "md5": "0123456789abcdef0123456789abcdef.dir",
+                           "size": 2110016, "nfiles": 7}],
+                 "params": {"params.yaml": {"seed": 1234, "iteration": 3, "generate": {
+                     "engine": "auto", "top_p": 1.0, "temperature": 1.0, "vllm": {"max_model_len": None}}}},
+                 "outs": [{"path": "artifacts/generate/rollouts.parquet", "hash": "md5",
+                           "md5": "90a887e2bf497cbed92776c516cb63eb", "size": 123456}]}}}
+
+
+def test_lock_updates_through_the_c_loader_write_the_same_bytes(tmp_path):
+    from dvc.utils.serialize import dump_yaml, modify_yaml
+
+    outputs = []
+    for patched in (False, True):
+        lock = tmp_path / str(patched) / "dvc.lock"
+        lock.parent.mkdir()
+        dump_yaml(str(lock), LOCK)
+        with (_lockfile_read_by_the_c_loader() if patched else _nothing()):
+            with modify_yaml(str(lock)) as data:  # what DVC does after each stage
+                data["stages"]["score"] = {"cmd": "python stages/score.py", "deps": [], "outs": []}
+                data["stages"]["generate"]["params"]["params.yaml"]["iteration"] = 4
+        outputs.append(lock.read_bytes())
+    assert outputs[0] == outputs[1]
+    assert b"iteration: 4" in outputs[1] and b"score:" in outputs[1]
+
+
+def test_the_c_loader_is_used_for_lock_files_only(tmp_path):
+    from dvc.utils.serialize import _yaml
+
+    with _lockfile_read_by_the_c_loader():
+        kept = _yaml.parse_yaml_for_update("a: 1  # a comment\n", "params.yaml")
+        fast = _yaml.parse_yaml_for_update("a: 1\n", "/x/dvc.lock")
+    assert hasattr(kept, "ca")  # round-trip (comment-keeping) data for params.yaml
+    assert type(fast) is dict
+    assert _yaml.parse_yaml_for_update.__name__ == "parse_yaml_for_update"  # restored afterwards
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
