@@ -276,7 +276,7 @@ def length_penalty(sample: Sample, *, max_tokens: int, buffer_tokens: int) -> fl
 
 # Imported here, after Sample, RewardResult and batch_reward exist: these modules import them from this one.
 from rlpipe.rewards.model_reward import reward_model  # noqa: E402
-from rlpipe.rewards.sandbox import code_tests  # noqa: E402
+from rlpipe.rewards.code import code_tests  # noqa: E402
 
 REWARD_FUNCTIONS: dict[str, Callable[..., float | RewardResult]] = {
     "exact_answer": exact_answer,
