@@ -35,8 +35,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         version = read_policy_version(policy)
         if version is not None and version != p.policy.version:
             raise ArtifactError(f"{policy}: holds policy version {version} but params policy.version is "
-                                f"{p.policy.version} (iteration {p.iteration}); run `rlpipe iterate` to advance, "
-                                "or fix policy.path")
+                                f"{p.policy.version} (iteration {p.iteration}); run `rlpipe iterate` "
+                                "to advance, or fix policy.path")
     with timer.phase("read"):
         table = select_prompts(read_artifact(prompts, PROMPTS).frame, count=cfg.prompts_per_iteration,
                                seed=p.seed, iteration=p.iteration)

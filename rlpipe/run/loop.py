@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -54,20 +56,28 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
             ahead = Prefetch(root, log=sys.stdout) if params.policy.max_staleness else None
             try:
                 while (params := load_params(root / params_file)).iteration < until:
-                    running.refresh(params)
+                    clock = _Clock()
+                    with clock("servers"):
+                        running.refresh(params)
                     reproduced = False
                     if not handover_started(root, params):
                         if not (root / params.policy.path).exists():  # the tiny default: prepare makes the model
                             dvc.repro(root, ["prepare"])
                             running.refresh(params)
                         if ahead is not None:
-                            ahead.wait()  # iteration k's own prefetch, started during k-1: never sample twice
-                            _repro(root, params.iteration, until, [SAMPLING_TARGET])
+                            with clock("wait_ahead"):
+                                ahead.wait()  # iteration k's own prefetch, started during k-1: never sample twice
+                            with clock("repro"):
+                                _repro(root, params.iteration, until, [SAMPLING_TARGET])
                             if params.iteration + 1 < until:
-                                _start_ahead(ahead, root, params, params_file, running.env_for_sampling())
-                        _repro(root, params.iteration, until, None)
+                                with clock("start_ahead"):
+                                    _start_ahead(ahead, root, params, params_file, running.env_for_sampling())
+                        with clock("repro"):
+                            _repro(root, params.iteration, until, None)
                         reproduced = True
-                    row = advance(root, params_file=params_file, commit=commit, just_reproduced=reproduced)
+                    with clock("advance"):
+                        row = advance(root, params_file=params_file, commit=commit, just_reproduced=reproduced)
+                    row = {**row, "run_seconds": clock.seconds}  # for on_iteration (benchmarks); not in the history
                     rows.append(row)
                     if on_iteration is not None:
                         on_iteration(row)
@@ -98,6 +108,21 @@ def _start_ahead(ahead, root: Path, params, params_file: str, env: dict[str, str
         ahead.start(params, params_file, env=env)
     except RlpipeError as e:  # e.g. a version the store lacks after S was raised mid-run: no overlap this time
         print(f"rlpipe run: not sampling iteration {params.iteration + 1} ahead: {e}", flush=True)
+
+
+class _Clock:
+    """Seconds of each part of an iteration of the loop (DVC's repro, advance, waiting for the prefetch)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t0, 3)
 
 
 class _NoServers:
