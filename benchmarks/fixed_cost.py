@@ -91,17 +91,17 @@ def merge(base: dict, over: dict) -> dict:
     return base
 
 
-def gpu_params(model: str, prompts: int, group: int, new_tokens: int, prompt_words: int) -> dict:
+def gpu_params(model: str, prompts: int, group: int, new_tokens: int, prompt_words: int, vllm_memory: float) -> dict:
     """The GPU settings of docs/your-own-model.md for this workload (GRPO, vLLM, bf16, compiled layers)."""
     return {
-        "policy": {"path": model}, "reference": {"path": model}, "critic": {"path": model},
+        "policy": {"path": model, "latest_path": model}, "reference": {"path": model}, "critic": {"path": model},
         "reward_model": {"init": model, "device": "cuda", "dtype": "bfloat16"},
         "prepare": {"source": "files", "max_prompt_tokens": prompt_words + 8,
                     "files": {"train": "data/train.jsonl", "eval": "data/eval.jsonl", "tokenizer_path": model,
                               "prompt_column": "prompt", "answer_column": "answer", "chat_template": "off"}},
         "generate": {"engine": "auto", "device": "cuda", "dtype": "bfloat16", "prompts_per_iteration": prompts,
                      "group_size": group, "max_new_tokens": new_tokens, "temperature": 1.0,
-                     "vllm": {"gpu_memory_utilization": 0.5, "max_model_len": prompt_words + new_tokens + 16}},
+                     "vllm": {"gpu_memory_utilization": vllm_memory, "max_model_len": prompt_words + new_tokens + 16}},
         "reference_logprob": {"device": "cuda", "dtype": "bfloat16", "max_tokens_per_batch": 65536},
         "values": {"device": "cuda", "dtype": "bfloat16"},
         "train": {"device": "cuda", "dtype": "bfloat16", "minibatch_size": 256, "micro_batch_size": 64,
@@ -135,7 +135,8 @@ def setup(work: Path, args) -> None:
         (work / "data").mkdir()
         write_prompts(work / "data/train.jsonl", args.prompts, args.prompt_words, seed=1)
         write_prompts(work / "data/eval.jsonl", args.eval_prompts, args.prompt_words, seed=2)
-        settings = gpu_params(str(model.relative_to(work)), args.prompts, args.group, args.new_tokens, args.prompt_words)
+        settings = gpu_params(str(model.relative_to(work)), args.prompts, args.group, args.new_tokens, args.prompt_words,
+                              args.vllm_memory)
         if args.device == "cpu":
             settings = json.loads(json.dumps(settings).replace('"cuda"', '"cpu"').replace('"bfloat16"', '"float32"'))
         params = merge(params, settings)
@@ -170,6 +171,9 @@ def main() -> None:
     ap.add_argument("--prompt-words", type=int, default=64)
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--servers", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--max-staleness", type=int, default=0, help="S > 0: overlapped iterations (docs/overlap.md)")
+    ap.add_argument("--vllm-memory", type=float, default=0.85,
+                    help="generate.vllm.gpu_memory_utilization (lower it when train shares the GPU at the same time)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the --shape workload on the CPU "
                                                                             "(to check the script; use --shape check)")
     ap.add_argument("--out", help="write the results as JSON here")
@@ -190,9 +194,13 @@ def main() -> None:
         compute = sum(s.get("compute", 0.0) for s in seconds.values())
         wall = marks[-1] - marks[-2]
         rows.append({"iteration": row["iteration"], "wall_s": round(wall, 2), "compute_s": round(compute, 2),
-                     "ratio": round(wall / compute, 3) if compute else None, "stages": seconds})
+                     "ratio": round(wall / compute, 3) if compute else None, "stages": seconds,
+                     "run_seconds": row.get("run_seconds"),
+                     "outside_stages_s": round(wall - sum(s["total"] for s in seconds.values()), 2)})
+        if args.out:  # after every iteration: a run cut short still leaves its rows
+            Path(args.out).write_text(json.dumps({"args": vars(args), "iterations": rows}, indent=1))
         print(f"iteration {row['iteration']}: wall {wall:.1f} s, pure compute {compute:.1f} s, "
-              f"ratio {wall / compute if compute else float('nan'):.3f}", flush=True)
+              f"ratio {wall / compute if compute else float('nan'):.3f}; loop {row.get('run_seconds')}", flush=True)
         for name, s in seconds.items():
             print(f"  {name:18s} total {s['total']:7.2f}  compute {s.get('compute', 0.0):7.2f}  "
                   f"fixed {s['fixed']:6.2f}  " + " ".join(f"{k}={v}" for k, v in s.items()
@@ -201,10 +209,12 @@ def main() -> None:
     cwd = os.getcwd()
     os.chdir(work)
     try:
-        run_iterations(work, until=args.iterations, commit=False, servers=args.servers, on_iteration=record)
+        run_iterations(work, until=args.iterations, commit=False, servers=args.servers,
+                       max_staleness=args.max_staleness, on_iteration=record)
     finally:
         os.chdir(cwd)
-    result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.node(), "args": vars(args), "iterations": rows}
+    result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.node(), "args": vars(args), "iterations": rows,
+              "total_wall_s": round(marks[-1] - marks[0], 2)}
     try:
         import torch
 

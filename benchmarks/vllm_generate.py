@@ -123,7 +123,7 @@ def main() -> None:
         t0 = time.perf_counter()
         groups = engine.generate(requests, params)
         t1 = time.perf_counter()
-        frame = rollout_frame(prompts_frame, requests, groups, iteration=0, decode=decode)
+        frame = rollout_frame(prompts_frame, requests, groups, policy_version=0, decode=decode)
         t2 = time.perf_counter()
         write_artifact(frame, work / "rollouts.parquet", ROLLOUTS, metadata={"engine": engine.name})
         t3 = time.perf_counter()

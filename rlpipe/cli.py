@@ -1,6 +1,7 @@
 """`rlpipe`: commands for people running the pipeline (the stages themselves live in stages/)."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -41,7 +42,11 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
         params: str = typer.Option("params.yaml", help="params file"),
         commit: bool = typer.Option(True, help="commit (and tag) each finished iteration to git"),
         servers: bool = typer.Option(True, help="use the warm stage/engine servers of params.yaml's worker "
-                                                "section (same outputs, less fixed cost)")) -> None:
+                                                "section (same outputs, less fixed cost)"),
+        max_staleness: Optional[int] = typer.Option(None, "--max-staleness", min=0,
+                                                    help="sample iteration k+1 while k trains, with a policy up to "
+                                                         "S versions old (sets policy.max_staleness; 0 = synchronous; "
+                                                         "docs/overlap.md)")) -> None:
     """Run iterations back to back: `dvc repro` then `rlpipe iterate`, until the target.
 
     After a crash, `rlpipe run --until K` finishes what is left: `dvc repro` skips every stage
@@ -63,9 +68,46 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
             if commit:  # an advance cut short after rewriting params.yaml already counts as done
                 finish_interrupted_start(Path("."), params_file=params)
             until = load_params(params).iteration + iterations
-        run_iterations(".", until=until, params_file=params, commit=commit, servers=servers, on_iteration=report)
+        run_iterations(".", until=until, params_file=params, commit=commit, servers=servers,
+                       max_staleness=max_staleness, on_iteration=report)
     except RlpipeError as e:
         _fail(e)
+
+
+@app.command()
+def ahead(params: str = typer.Option("params.yaml", help="params file"),
+          push: bool = typer.Option(False, help="then `dvc push --run-cache`: hand the runs to the training machine")
+          ) -> None:
+    """Sample the next iteration now, with the policy the overlap schedule names (policy.max_staleness > 0).
+
+    Runs generate, score (and reference_logprob / values when their inputs are known) of iteration k+1
+    in .rlpipe/ahead; the main pipeline's `dvc repro` of k+1 then restores them from DVC's run cache.
+    On a separate sampling machine: `git pull && dvc pull`, `rlpipe ahead --push` (docs/overlap.md).
+    """
+    import subprocess
+
+    from rlpipe.config import load_params
+    from rlpipe.run import policies
+    from rlpipe.run.ahead import Prefetch
+
+    root = Path(".").resolve()
+    try:
+        p = load_params(params)
+        if p.policy.max_staleness < 1:
+            raise RlpipeError("policy.max_staleness is 0: the next iteration samples with the policy this one "
+                              "trains, which does not exist yet (set it, or use `rlpipe run --max-staleness S`)")
+        policies.keep(root, p.iteration, root / p.policy.latest_path)
+        prefetch = Prefetch(root, log=sys.stdout)
+        prefetch.start(p, params, env=dict(os.environ))
+        if not prefetch.wait():
+            raise RlpipeError(f"sampling iteration {p.iteration + 1} ahead failed (see .rlpipe/ahead/prefetch.log)")
+        if push:
+            proc = subprocess.run(["dvc", "push", "--run-cache"], cwd=root)
+            if proc.returncode != 0:
+                raise RlpipeError(f"`dvc push --run-cache` failed (exit {proc.returncode})")
+    except RlpipeError as e:
+        _fail(e)
+    typer.echo(f"iteration {p.iteration + 1} sampled ahead; its `dvc repro` restores it from the run cache")
 
 
 worker_app = typer.Typer(add_completion=False, no_args_is_help=True,

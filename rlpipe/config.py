@@ -23,7 +23,11 @@ from rlpipe.errors import ConfigError
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    path: str  # HF model directory of pi_old: the sampler of this iteration and the trainer's start
+    """The sampling policy (pi_old) and, with overlapped iterations, the newer policy train starts from."""
+    path: str  # HF model directory of pi_old: the policy that samples this iteration
+    version: int  # its policy version: `iteration` when synchronous, at least iteration - max_staleness when overlapped
+    latest_path: str  # the newest policy (version `iteration`): train's start; == path when version == iteration
+    max_staleness: int  # S: how many versions the sampler may lag the trainer (`rlpipe run --max-staleness`); 0 = sync
 
 
 @dataclass(frozen=True)
@@ -308,6 +312,8 @@ class WorkerConfig:
     stage_server: bool  # run stage commands in forks of a process that imported torch & co. once
     engine_server: bool | Literal["auto"]  # keep one generation engine across stages; auto = when generation is vllm
     engine_sleep: bool  # vLLM frees its GPU memory between requests (train/reference on the same GPU)
+    generate_devices: str | None  # CUDA_VISIBLE_DEVICES of generation (engine server, sampling ahead); null = all
+    train_devices: str | None  # CUDA_VISIBLE_DEVICES of the main pipeline's stages (train...); null = all
 
 
 @dataclass(frozen=True)
@@ -470,6 +476,13 @@ def _check_consistency(params: Params, path: Path) -> None:
             raise ConfigError(f"{path}: {msg}")
 
     g, t = params.generate, params.train
+    pol = params.policy
+    need(pol.max_staleness >= 0, "policy.max_staleness must be >= 0 (0 = synchronous iterations)")
+    need(params.iteration - pol.max_staleness <= pol.version <= params.iteration,
+         f"policy.version must be within policy.max_staleness={pol.max_staleness} of iteration {params.iteration} "
+         f"and not newer (got {pol.version})")
+    need(pol.version != params.iteration or pol.path == pol.latest_path,
+         "policy.latest_path must equal policy.path when policy.version == iteration (the sampler is the newest policy)")
     need(g.group_size >= 1, "generate.group_size must be >= 1")
     need(g.temperature > 0, "generate.temperature must be > 0 (log-probs are taken from logits / temperature)")
     need(0 < g.top_p <= 1, "generate.top_p must be in (0, 1]")

@@ -141,9 +141,12 @@ def build_engine(engine: str, *, device: str, dtype: str, batch_size: int, vllm:
 
 
 def generate_rollouts(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: GenerateConfig, seed: int,
-                      iteration: int, decode: Any, progress: Any = None, tokenizer_hash: str = "") -> pl.DataFrame:
+                      iteration: int, policy_version: int, decode: Any, progress: Any = None,
+                      tokenizer_hash: str = "") -> pl.DataFrame:
     """Sample ``cfg.group_size`` completions for every prompt row; return the rollout table.
 
+    ``iteration`` seeds the samples (each iteration draws new ones); ``policy_version`` is the version of
+    the sampling policy, recorded in every row (``iteration`` itself, or older with overlapped iterations).
     ``decode`` turns completion token ids into text (the tokenizer's decode without special tokens).
     ``progress``: optional callback (samples finished per batch), see rlpipe.progress.
     Multi-turn rollouts (``generate.environment``) go through `generate_multi_turn` instead.
@@ -153,17 +156,20 @@ def generate_rollouts(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: G
         for pid, ids in zip(prompts["prompt_id"].to_list(), prompts["prompt_token_ids"].to_list())
     ]
     results = engine.generate(requests, sampling_params(cfg), progress=progress)
-    return rollout_frame(prompts, requests, results, iteration=iteration, decode=decode, tokenizer_hash=tokenizer_hash)
+    return rollout_frame(prompts, requests, results, policy_version=policy_version, decode=decode,
+                         tokenizer_hash=tokenizer_hash)
 
 
-def generate_multi_turn(driver: Any, prompts: pl.DataFrame, *, seed: int, iteration: int) -> pl.DataFrame:
+def generate_multi_turn(driver: Any, prompts: pl.DataFrame, *, seed: int, iteration: int,
+                        policy_version: int) -> pl.DataFrame:
     """Multi-turn rollouts of every prompt row through ``driver`` (`rlpipe.environments.driver.Driver`).
 
     ``prompts`` needs prompt_id, prompt, prompt_token_ids, answer and metadata (the environment is
-    created with them). Sample seeds are those of single-turn generation.
+    created with them). Sample seeds are those of single-turn generation (``iteration`` seeds them,
+    ``policy_version`` is recorded, as in `generate_rollouts`).
     """
     seeds = [sample_seed(seed, iteration, pid) for pid in prompts["prompt_id"].to_list()]
-    return driver.run(prompts, seeds).with_columns(pl.lit(iteration, dtype=pl.Int64).alias("policy_version"))
+    return driver.run(prompts, seeds).with_columns(pl.lit(policy_version, dtype=pl.Int64).alias("policy_version"))
 
 
 @dataclass
@@ -238,7 +244,7 @@ def single_turn_columns(frame: pl.DataFrame, *, tokenizer_hash: str = "") -> pl.
 
 
 def rollout_frame(prompts: pl.DataFrame, requests: list[PromptRequest], results: list[list[Completion]],
-                  *, iteration: int, decode: Any, tokenizer_hash: str = "") -> pl.DataFrame:
+                  *, policy_version: int, decode: Any, tokenizer_hash: str = "") -> pl.DataFrame:
     """Flatten engine results into rollout rows (shared by every engine, so all write the same table)."""
     rows: dict[str, list] = {k: [] for k in (
         "prompt_id", "sample_idx", "sample_seed", "prompt_token_ids", "completion_token_ids", "completion_text",
@@ -261,7 +267,7 @@ def rollout_frame(prompts: pl.DataFrame, requests: list[PromptRequest], results:
         "prompt_token_ids": pl.List(pl.Int32), "completion_token_ids": pl.List(pl.Int32),
         "sampler_logprobs": pl.List(pl.Float32), "sample_idx": pl.Int32, "completion_length": pl.Int32,
         "sample_seed": pl.Int64})
-    frame = frame.with_columns(pl.lit(iteration, dtype=pl.Int64).alias("policy_version"))
+    frame = frame.with_columns(pl.lit(policy_version, dtype=pl.Int64).alias("policy_version"))
     return single_turn_columns(frame, tokenizer_hash=tokenizer_hash)
 
 

@@ -21,9 +21,7 @@ at k+1 in the work tree but k at HEAD (only the commit of the start of k+1 is mi
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -34,9 +32,10 @@ from rlpipe.config import Params, load_params
 from rlpipe.errors import RlpipeError
 from rlpipe.history import HISTORY_CSV, write_history_csv
 from rlpipe.io import atomic_path, read_json, read_policy_version
-from rlpipe.run import dvc
+from rlpipe.run import dvc, policies
 
 STATE_POLICY = "state/policy"
+STATE_SAMPLER = "state/sampler"  # an older policy that samples overlapped iterations (docs/overlap.md)
 STATE_REFERENCE = "state/reference"
 STATE_CRITIC = "state/critic"
 
@@ -168,21 +167,8 @@ def history_row(params: Params, root: Path) -> dict[str, Any]:
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
-    """Replace ``dst`` by a copy of ``src``, made of hard links where the file system allows.
-
-    Why links: a checkpoint is gigabytes; a link costs nothing, and DVC, which already hashed the
-    checkpoint as train's output, recognises the same inode when it adds ``dst`` (no re-hash). Safe
-    because no rlpipe step changes a file in place: outputs are replaced by renames (rlpipe.io).
-    """
-    with atomic_path(dst) as tmp:
-        shutil.copytree(src, tmp, copy_function=_link_or_copy)
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:  # another file system, or links not allowed
-        shutil.copy2(src, dst)
+    """Replace ``dst`` by a copy of ``src`` (hard links: a checkpoint is gigabytes; see policies.link_tree)."""
+    policies.link_tree(src, dst)
 
 
 def _git_commit_of(root: Path, ref: str) -> str | None:
@@ -272,9 +258,10 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
     if commit and not _tag_at_head(root, k):
         _commit(root, f"rlpipe: iteration {k} (eval accuracy {row['eval_accuracy']})", params, tag=tag_name(k))
 
+    updates: dict[str, Any] = {"iteration": k + 1, "policy.latest_path": STATE_POLICY}
+    updates.update(_next_sampler(root, params, ckpt))  # before state/policy is replaced: it may be the one kept
     _replace_dir(ckpt, root / STATE_POLICY)
     dvc.add(root, STATE_POLICY)
-    updates: dict[str, Any] = {"iteration": k + 1, "policy.path": STATE_POLICY}
     K = params.reference.refresh_every
     if K > 0 and (k + 1) % K == 0:
         _replace_dir(ckpt, root / STATE_REFERENCE)
@@ -286,6 +273,21 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
         _commit(root, f"rlpipe: start iteration {k + 1}", params, tag=None)
         _prune(root, params, params_file)
     return row
+
+
+def _next_sampler(root: Path, params: Params, ckpt: Path) -> dict[str, Any]:
+    """Which policy samples iteration k+1: the new checkpoint (synchronous), or with ``policy.max_staleness``
+    S > 0 the version `policies.sampler_version` names, kept as ``state/sampler``."""
+    k, S = params.iteration, params.policy.max_staleness
+    version = policies.sampler_version(k + 1, S)
+    if version == k + 1:
+        return {"policy.path": STATE_POLICY, "policy.version": k + 1}
+    policies.keep(root, k, root / params.policy.latest_path)  # the version iteration k trained from
+    policies.keep(root, k + 1, ckpt)
+    policies.link_tree(policies.path_of(root, version), root / STATE_SAMPLER)
+    dvc.add(root, STATE_SAMPLER)
+    policies.prune(root, oldest_needed=version)
+    return {"policy.path": STATE_SAMPLER, "policy.version": version}
 
 
 def _carried_state(root: Path, params: Params, *, ckpt_version: int) -> dict[str, Any]:

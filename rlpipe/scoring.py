@@ -110,7 +110,18 @@ def score_rows(rows: pl.DataFrame, cfg: ScoreConfig, *, progress: Any = None) ->
             f"{num_errors} of {rows.height} rows ({error_fraction:.1%}) failed in a reward function, more than "
             f"score.max_error_fraction={cfg.max_error_fraction}; first error at prompt_id={example['prompt_id']} "
             f"sample_idx={example['sample_idx']}: {example['score_error']}")
-    return frame, score_metrics(frame, columns, errors_by_kind, details)
+    metrics = score_metrics(frame, columns, errors_by_kind, details)
+    info = reward_info(specs, fns)
+    if info:
+        metrics["reward_info"] = info
+    return frame, metrics
+
+
+def reward_info(specs: list[RewardSpec], fns: Any) -> dict[str, Any]:
+    """Per reward that offers one (a ``run_info(**options)`` attribute, e.g. code_tests' sandbox
+    protections on this host), what it says about how it scored; {} when none does."""
+    return {spec.name: fns[spec.name].run_info(**spec.options) for spec in specs
+            if callable(getattr(fns[spec.name], "run_info", None))}
 
 
 def _sample(row: dict[str, Any]) -> Sample:

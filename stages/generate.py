@@ -40,9 +40,10 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         cfg = p.generate
         setup_torch(p.torch_threads, p.seed)
         version = read_policy_version(policy)
-        if version is not None and version != p.iteration:
-            raise ArtifactError(f"{policy}: holds policy version {version} but params iteration is {p.iteration}; "
-                                "run `rlpipe iterate` to advance, or fix policy.path")
+        if version is not None and version != p.policy.version:
+            raise ArtifactError(f"{policy}: holds policy version {version} but params policy.version is "
+                                f"{p.policy.version} (iteration {p.iteration}); run `rlpipe iterate` "
+                                "to advance, or fix policy.path")
     with timer.phase("read"):
         table = select_prompts(read_artifact(prompts, PROMPTS).frame, count=cfg.prompts_per_iteration,
                                seed=p.seed, iteration=p.iteration)
@@ -55,7 +56,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         # multi-turn: the environment and the chat template are checked before any weight is loaded
         setup = multi_turn_setup(cfg, tokenizer, eos_token_ids=eos, source=policy,
                                  resume_root=resume_root, inputs=[prompts, policy],
-                                 key_params={"seed": p.seed, "iteration": p.iteration,
+                                 key_params={"seed": p.seed, "iteration": p.iteration, "policy_version": p.policy.version,
                                              "torch_threads": p.torch_threads}) if multi else None
     with timer.phase("engine_start"):
         # The project's engine server when one runs with these settings; else loads the weights here
@@ -66,9 +67,11 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         with stage_progress("generate", total=table.height * cfg.group_size, unit="samples") as advance:
             if multi:
                 driver = setup.driver(engine, progress=advance)
-                rollouts = generate_multi_turn(driver, table, seed=p.seed, iteration=p.iteration)
+                rollouts = generate_multi_turn(driver, table, seed=p.seed, iteration=p.iteration,
+                                               policy_version=p.policy.version)
             else:
                 rollouts = generate_rollouts(engine, table, cfg=cfg, seed=p.seed, iteration=p.iteration,
+                                             policy_version=p.policy.version,
                                              decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                              progress=advance, tokenizer_hash=tokenizer_hash(tokenizer))
         if hasattr(engine, "close"):
@@ -77,14 +80,15 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
                     "max_new_tokens": cfg.max_new_tokens, "group_size": cfg.group_size}
         extra = {"environment": cfg.environment.name} if multi else {}
-        write_artifact(rollouts, out, ROLLOUTS, metadata={"policy_version": p.iteration, "sampling": sampling,
+        write_artifact(rollouts, out, ROLLOUTS, metadata={"policy_version": p.policy.version, "sampling": sampling,
                                                           "engine": engine.name, **extra})
         if multi:
             setup.clear()
     m = rollout_metrics(rollouts, multi_turn=multi)
     if multi:
         m["resumed_chunks"] = driver.resumed_chunks
-    stage.write_metrics(metrics, "generate", {**m, "engine": engine.name, "policy_version": p.iteration,
+    stage.write_metrics(metrics, "generate", {**m, "engine": engine.name, "policy_version": p.policy.version,
+                                              "iteration": p.iteration,
                                               **stage.engine_metrics(engine)}, timer)
     stage.summary_line("generate", rows=m["num_samples"], tokens=m["completion_tokens"],
                        seconds=timer.report()["total"], truncation_rate=round(m["truncation_rate"], 3))

@@ -34,7 +34,8 @@ from rlpipe.training.data import check_policy_version, training_data, training_f
 from rlpipe.progress import stage_progress
 from rlpipe.training.loop import count_optimizer_steps, train_policy
 from rlpipe.training.resume import ResumeStates, resume_key
-from rlpipe.training.report import reward_stats, sampler_mismatch, token_stats_frame, write_steps_csv
+from rlpipe.training.report import (importance_weights, reward_stats, sampler_mismatch, token_stats_frame,
+                                   write_steps_csv)
 
 app = typer.Typer(add_completion=False)
 
@@ -64,7 +65,9 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         setup_torch(p.torch_threads, p.seed)
     with timer.phase("read"):
         roll = read_artifact(rollouts, ROLLOUTS)
-        check_policy_version(roll, expected=p.iteration, policy_dir=policy, stored=read_policy_version(policy))
+        staleness = check_policy_version(roll, sampler_version=p.policy.version, iteration=p.iteration,
+                                         max_staleness=p.policy.max_staleness, policy_dir=policy,
+                                         stored=read_policy_version(policy))
         with_critic = p.advantage.needs_critic
         if with_critic and not (values and critic and critic_checkpoint):
             raise ArtifactError("advantage.estimator 'gae' trains a critic: pass --values, --critic and "
@@ -125,6 +128,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     if not writes:
         return
     m = {**result.metrics, **reward_stats(score_frame), **sampler_mismatch(frame, result.old_logprobs),
+         **importance_weights(frame, result.old_logprobs, tis_cap=cfg.tis_cap), "staleness": staleness,
+         "sampler_policy_version": p.policy.version,
          "policy_version_out": p.iteration + 1, "policy_loss_function": cfg.policy_loss_function,
          "profile": p.profile, "fine_points": fine_points(p), "compiled_layers": compiled,
          "resumed_from_step": int(state["step"]) if state else 0, "resume_states_written": states.written,

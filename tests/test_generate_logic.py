@@ -25,7 +25,7 @@ def test_rollout_frame_matches_schema_and_seeds():
     table = prompts(2)
     reqs = [PromptRequest(prompt_token_ids=(1, 2), seed=sample_seed(1, 0, pid), n=2) for pid in (0, 1)]
     results = [[Completion([5, 2], [-0.5, -0.1], "stop"), Completion([5, 6, 7], [-1.0, -2.0, -3.0], "length")]] * 2
-    frame = rollout_frame(table, reqs, results, iteration=3, decode=lambda ids: "".join(map(str, ids)))
+    frame = rollout_frame(table, reqs, results, policy_version=3, decode=lambda ids: "".join(map(str, ids)))
     frame = validate_frame(frame.select(ROLLOUTS.column_names), ROLLOUTS)
     assert frame["completion_text"].to_list() == ["52", "567", "52", "567"]
     assert frame["truncated"].to_list() == [False, True, False, True]

@@ -6,8 +6,9 @@ protections and limits, and the model reads back what it printed (stdout and std
 2,000 bytes), or how it ended (``timeout``, ``memory``, ...). The program is untrusted: everything
 about containment is the sandbox's, not this module's.
 
-The dependency on the sandbox is one function, `run_untrusted`, so that a change of the sandbox's
-public entry point touches nothing else here. A sandbox that cannot start raises
+The dependency on the sandbox (`rlpipe.rewards.code`: its limits, its host isolation, `run_cases` and
+the verdict of one case) is one function, `run_untrusted`, so that a change of the sandbox touches
+nothing else here. A sandbox that cannot start raises
 `InfrastructureError`: the rollout is ``infra_error``, never the model's fault.
 """
 from __future__ import annotations
@@ -17,25 +18,36 @@ from functools import partial
 from rlpipe.environments.base import InfrastructureError, Task
 from rlpipe.environments.tools import ToolEnvironment
 
-# What the sandbox runs after the program: one test that always passes, so that "pass" means the
-# program itself ran to its end (the sandbox's entry point judges tests; the tool only wants output).
-_NO_TESTS = "assert True\n"
-
 
 def run_untrusted(code: str, *, timeout_s: float, memory_mb: int, max_output_bytes: int) -> tuple[str, str]:
     """Run ``code`` in the code reward's sandbox; return (kind, output): how it ended and what it printed.
 
-    kind is "pass" when the program ran to its end, else the sandbox's kind (runtime_error, timeout, ...).
+    kind is "ok" when the program exited normally, else the sandbox's kind (runtime_error, timeout,
+    memory, output_limit, crash, ...). The output is stdout then the tail of stderr, host paths redacted.
     """
-    from rlpipe.rewards.sandbox import SandboxLimits, SandboxUnavailable, run_code_tests
+    from rlpipe.rewards.code import SandboxLimits, SandboxUnavailable, host_isolation, redact
+    from rlpipe.rewards.code.cases import Check
+    from rlpipe.rewards.code.judge import judge_case
+    from rlpipe.rewards.code.process import run_cases
 
     limits = SandboxLimits(timeout_s=timeout_s, cpu_time_s=max(1, int(timeout_s) + 1), memory_mb=memory_mb,
-                           max_processes=16, max_file_mb=1, work_dir_mb=16, max_output_bytes=max_output_bytes)
-    try:
-        result = run_code_tests(code, _NO_TESTS, limits)
+                           max_processes=16, max_open_files=64, max_file_mb=1, work_dir_mb=16,
+                           max_output_bytes=max_output_bytes)
+    records = []
+    try:  # one case: the program as a script with an empty stdin
+        run_cases({"solution": code}, [{"mode": "stdin", "stdin": ""}], limits, host_isolation(),
+                  lambda record: records.append(record) or False)
     except SandboxUnavailable as e:
         raise InfrastructureError(f"the python sandbox is unavailable: {e}") from e
-    return result.kind, result.output_tail if result.kind == "pass" else f"{result.output_tail}{result.message}"
+    if not records:
+        raise InfrastructureError("the python sandbox returned no result for the program")
+    record = records[0]
+    # judged against an empty expected stdout only to learn how it ended: "wrong_answer" = it printed something
+    kind, message = judge_case(record, Check("stdout", expected=""), cpu_time_s=limits.cpu_time_s, tolerance=0.0)
+    output = redact((record.out + record.err[-2000:]).decode("utf-8", "replace"))
+    if kind in ("pass", "wrong_answer"):
+        return "ok", output
+    return kind, f"{output}{redact(message)}"
 
 
 def python(code: str, *, timeout_s: float, memory_mb: int, max_output_bytes: int) -> str:
@@ -43,7 +55,7 @@ def python(code: str, *, timeout_s: float, memory_mb: int, max_output_bytes: int
     if not isinstance(code, str):
         raise TypeError(f"code must be a string, got {type(code).__name__}")
     kind, output = run_untrusted(code, timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes)
-    return output if kind == "pass" else f"[{kind}] {output}"
+    return output if kind == "ok" else f"[{kind}] {output}"
 
 
 class PythonEnvironment(ToolEnvironment):

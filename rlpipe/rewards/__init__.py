@@ -2,7 +2,7 @@
 
 `functions` holds the `Sample` a reward sees and the built-in rewards (`REWARD_FUNCTIONS`);
 `registry` resolves params.yaml names (built-in or "package.module:function"), checks their options
-up front, names their Parquet columns and scores one sample; `sandbox` runs model-written code for
+up front, names their Parquet columns and scores one sample; `code` runs model-written code for
 the `code_tests` reward; `model_reward` scores with a trained reward model in batches (`reward_model`).
 No torch at import: the score stage must start fast (`reward_model` imports it when called).
 """
@@ -31,7 +31,7 @@ from rlpipe.rewards.registry import (
     score_sample_details,
 )
 from rlpipe.rewards.model_reward import reward_model
-from rlpipe.rewards.sandbox import code_tests
+from rlpipe.rewards.code import code_tests
 
 __all__ = [
     "REWARD_FUNCTIONS",

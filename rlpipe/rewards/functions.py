@@ -295,7 +295,7 @@ def environment_reward(sample: Sample) -> float:
 
 # Imported here, after Sample, RewardResult and batch_reward exist: these modules import them from this one.
 from rlpipe.rewards.model_reward import reward_model  # noqa: E402
-from rlpipe.rewards.sandbox import code_tests  # noqa: E402
+from rlpipe.rewards.code import code_tests  # noqa: E402
 
 REWARD_FUNCTIONS: dict[str, Callable[..., float | RewardResult]] = {
     "exact_answer": exact_answer,

@@ -5,50 +5,124 @@ only what is left: ``dvc repro`` skips every stage that finished (their results 
 and the cache), and an advance that was cut short is finished before anything else runs.
 With ``servers``, stages run in the warm stage server and generation in the engine server
 (`rlpipe.run.servers`): the same outputs, without paying imports and engine start in every stage.
+
+With ``policy.max_staleness`` S > 0 (overlapped iterations, docs/overlap.md), each iteration runs in
+two steps: its sampling stages (up to ``advantage``), then train and evaluate, during which the
+sampling stages of the next iteration run ahead (`rlpipe.run.ahead`).
 """
 from __future__ import annotations
 
+import os
+import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
 from rlpipe.config import load_params
 from rlpipe.errors import RlpipeError
-from rlpipe.iterate import advance, finish_interrupted_start, handover_started
-from rlpipe.run import dvc
+from rlpipe.iterate import advance, finish_interrupted_start, handover_started, set_params
+from rlpipe.run import dvc, policies
+
+SAMPLING_TARGET = "advantage"  # `dvc repro advantage`: every stage train reads, and nothing after
 
 
 def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "params.yaml", commit: bool = True,
-                   servers: bool = True,
+                   servers: bool = True, max_staleness: int | None = None,
                    on_iteration: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Run iterations until params.yaml says iteration ``until``; returns their history rows."""
+    """Run iterations until params.yaml says iteration ``until``; returns their history rows.
+
+    ``max_staleness``: sets ``policy.max_staleness`` in params.yaml first (None: keep what it says).
+    """
+    from rlpipe.run.ahead import Prefetch
     from rlpipe.run.servers import RunServers
 
-    root = Path(root)
+    root = Path(root).resolve()
     rows: list[dict[str, Any]] = []
     if commit:
         finish_interrupted_start(root, params_file=params_file)
     params = load_params(root / params_file)
+    if max_staleness is not None and max_staleness != params.policy.max_staleness:
+        set_params(root / params_file, {"policy.max_staleness": max_staleness})
+        params = load_params(root / params_file)
     if params.iteration >= until:
         return rows
-    with RunServers(root, params) if servers else _NoServers() as running:
-        while (params := load_params(root / params_file)).iteration < until:
-            running.refresh(params)
-            reproduced = False
-            if not handover_started(root, params):
-                if not (root / params.policy.path).exists():  # the tiny default: prepare makes the model
-                    dvc.repro(root, ["prepare"])
-                    running.refresh(params)
-                try:
-                    dvc.repro(root)
-                except RlpipeError as e:
-                    raise RlpipeError(f"{e} (iteration {params.iteration}); fix the cause and run "
-                                      f"`rlpipe run --until {until}` to resume") from None
-                reproduced = True
-            row = advance(root, params_file=params_file, commit=commit, just_reproduced=reproduced)
-            rows.append(row)
-            if on_iteration is not None:
-                on_iteration(row)
+    devices = params.worker.train_devices
+    old_devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if devices is not None:  # the main pipeline's stages (train above all) on their GPUs
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    try:
+        with RunServers(root, params) if servers else _NoServers() as running:
+            ahead = Prefetch(root, log=sys.stdout) if params.policy.max_staleness else None
+            try:
+                while (params := load_params(root / params_file)).iteration < until:
+                    clock = _Clock()
+                    with clock("servers"):
+                        running.refresh(params)
+                    reproduced = False
+                    if not handover_started(root, params):
+                        if not (root / params.policy.path).exists():  # the tiny default: prepare makes the model
+                            dvc.repro(root, ["prepare"])
+                            running.refresh(params)
+                        if ahead is not None:
+                            with clock("wait_ahead"):
+                                ahead.wait()  # iteration k's own prefetch, started during k-1: never sample twice
+                            with clock("repro"):
+                                _repro(root, params.iteration, until, [SAMPLING_TARGET])
+                            if params.iteration + 1 < until:
+                                with clock("start_ahead"):
+                                    _start_ahead(ahead, root, params, params_file, running.env_for_sampling())
+                        with clock("repro"):
+                            _repro(root, params.iteration, until, None)
+                        reproduced = True
+                    with clock("advance"):
+                        row = advance(root, params_file=params_file, commit=commit, just_reproduced=reproduced)
+                    row = {**row, "run_seconds": clock.seconds}  # for on_iteration (benchmarks); not in the history
+                    rows.append(row)
+                    if on_iteration is not None:
+                        on_iteration(row)
+            finally:
+                if ahead is not None:
+                    ahead.close()
+    finally:
+        if devices is not None:
+            if old_devices is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = old_devices
     return rows
+
+
+def _repro(root: Path, iteration: int, until: int, targets: list[str] | None) -> None:
+    try:
+        dvc.repro(root, targets)
+    except RlpipeError as e:
+        raise RlpipeError(f"{e} (iteration {iteration}); fix the cause and run `rlpipe run --until {until}` to "
+                          "resume") from None
+
+
+def _start_ahead(ahead, root: Path, params, params_file: str, env: dict[str, str]) -> None:
+    """Sample iteration k+1 ahead, from the version the schedule names (kept in the policy store)."""
+    policies.keep(root, params.iteration, root / params.policy.latest_path)
+    try:
+        ahead.start(params, params_file, env=env)
+    except RlpipeError as e:  # e.g. a version the store lacks after S was raised mid-run: no overlap this time
+        print(f"rlpipe run: not sampling iteration {params.iteration + 1} ahead: {e}", flush=True)
+
+
+class _Clock:
+    """Seconds of each part of an iteration of the loop (DVC's repro, advance, waiting for the prefetch)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t0, 3)
 
 
 class _NoServers:
@@ -60,3 +134,6 @@ class _NoServers:
 
     def refresh(self, params) -> None:
         pass
+
+    def env_for_sampling(self) -> dict[str, str]:
+        return dict(os.environ)

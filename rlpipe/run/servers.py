@@ -12,7 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from rlpipe.config import Params
-from rlpipe.worker import lifecycle
+from rlpipe.worker import lifecycle, wire
 
 
 def warm_dirs(root: Path, params: Params) -> list[str]:
@@ -73,8 +73,23 @@ class RunServers:
             return
         if not (self.root / params.policy.path / "config.json").is_file():
             return
-        self.stack.enter_context(lifecycle.serving("engine", self.root, engine_server_args(self.root, params)))
+        env = dict(os.environ)
+        if params.worker.generate_devices is not None:  # generation on its own GPUs (overlapped runs)
+            env["CUDA_VISIBLE_DEVICES"] = params.worker.generate_devices
+        self.stack.enter_context(lifecycle.serving("engine", self.root, engine_server_args(self.root, params), env=env))
         self.engine_started = True
+
+    def env_for_sampling(self) -> dict[str, str]:
+        """The environment of a process that runs sampling stages elsewhere in the project (the prefetch of
+        rlpipe.run.ahead): this run's servers named explicitly, on the generation GPUs (worker.generate_devices)."""
+        env = dict(os.environ)
+        if self.params.worker.stage_server:
+            env["RLPIPE_STAGE_SERVER"] = wire.printable(wire.address("stage", self.root))
+        if self.engine_started:
+            env["RLPIPE_ENGINE_SERVER"] = wire.printable(wire.address("engine", self.root))
+        if self.params.worker.generate_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.params.worker.generate_devices
+        return env
 
     def __exit__(self, *exc) -> None:
         self.stack.close()

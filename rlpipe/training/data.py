@@ -10,15 +10,26 @@ from rlpipe.io import Artifact, join_on_keys
 from rlpipe.training.objective import TrainingData
 
 
-def check_policy_version(rollouts: Artifact, *, expected: int, policy_dir: str, stored: int | None) -> None:
-    """Refuse rollouts sampled by another policy than the one being trained (PPO needs pi_old == sampler)."""
+def check_policy_version(rollouts: Artifact, *, sampler_version: int, iteration: int, max_staleness: int,
+                         policy_dir: str, stored: int | None) -> int:
+    """Refuse rollouts from another sampler than params.yaml names, or staler than ``max_staleness``; return
+    the staleness (iteration - sampler version: 0 when synchronous).
+
+    ``policy_dir`` (train's start, policy.latest_path) must hold version ``iteration``: the weights this
+    iteration trains are always the newest, whatever policy sampled the rollouts.
+    """
     got = rollouts.metadata.get("policy_version")
-    if got != expected:
-        raise ArtifactError(f"{rollouts.path}: sampled by policy version {got}, but params iteration is {expected}; "
-                            "re-run generate for this iteration")
-    if stored is not None and stored != expected:
-        raise ArtifactError(f"{policy_dir}: holds policy version {stored}, but the rollouts came from version "
-                            f"{expected}")
+    if got != sampler_version:
+        raise ArtifactError(f"{rollouts.path}: sampled by policy version {got}, but params policy.version is "
+                            f"{sampler_version} (iteration {iteration}); re-run generate for this iteration")
+    staleness = iteration - got
+    if not 0 <= staleness <= max_staleness:
+        raise ArtifactError(f"{rollouts.path}: sampled by policy version {got}, {staleness} versions behind iteration "
+                            f"{iteration}; policy.max_staleness allows {max_staleness}")
+    if stored is not None and stored != iteration:
+        raise ArtifactError(f"{policy_dir}: holds policy version {stored}, but train starts iteration {iteration} "
+                            f"from version {iteration} (policy.latest_path)")
+    return staleness
 
 
 def training_frame(rollouts: Artifact, advantages: Artifact, ref_logprobs: Artifact,

@@ -43,6 +43,15 @@ def reward_stats(scores: pl.DataFrame) -> dict[str, Any]:
     }
 
 
+def _at_policy_tokens(frame: pl.DataFrame, old_logprobs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(sampler, trainer) log-probs of every policy token, flat float64: observation tokens have no sampler's."""
+    masks = [np.asarray(m, dtype=bool) for m in frame["policy_mask"].to_list()]
+    sampler = np.concatenate([np.asarray(x, dtype=np.float64)[m] for x, m in
+                              zip(frame["sampler_logprobs"].to_list(), masks)] or [[]])
+    old = np.concatenate([np.asarray(x, dtype=np.float64)[m] for x, m in zip(old_logprobs, masks)] or [[]])
+    return sampler, old
+
+
 def sampler_mismatch(frame: pl.DataFrame, old_logprobs: list[np.ndarray]) -> dict[str, float]:
     """How far the sampler's log-probs are from the trainer's recomputed log pi_old (same weights).
 
@@ -50,11 +59,24 @@ def sampler_mismatch(frame: pl.DataFrame, old_logprobs: list[np.ndarray]) -> dic
     renormalisation make them differ; a jump means the engines disagree.
     Only the policy's tokens count: an observation token of a multi-turn rollout has no sampler log-prob.
     """
-    masks = [np.asarray(m, dtype=bool) for m in frame["policy_mask"].to_list()]
-    sampler = np.concatenate([np.asarray(x, dtype=np.float64)[m] for x, m in
-                              zip(frame["sampler_logprobs"].to_list(), masks)] or [[]])
-    old = np.concatenate([np.asarray(x, dtype=np.float64)[m] for x, m in zip(old_logprobs, masks)] or [[]])
+    sampler, old = _at_policy_tokens(frame, old_logprobs)
     if sampler.size == 0:
         return {"sampler_mismatch_mean_abs": 0.0, "sampler_mismatch_max_abs": 0.0}
     diff = np.abs(old - sampler)
     return {"sampler_mismatch_mean_abs": float(diff.mean()), "sampler_mismatch_max_abs": float(diff.max())}
+
+
+def importance_weights(frame: pl.DataFrame, old_logprobs: list[np.ndarray], *, tis_cap: float | None) -> dict[str, float]:
+    """The per-token importance weights pi_old / pi_sampler before truncation: the correction an
+    overlapped (stale) or mismatched sampler needs (docs/overlap.md says how to read them).
+
+    With a synchronous sampler they are ~1 up to numerics; with staleness S they measure how far the
+    policy moved in S versions. ``capped_fraction``: the share of tokens above ``train.tis_cap``.
+    """
+    sampler, old = _at_policy_tokens(frame, old_logprobs)
+    if sampler.size == 0:
+        return {"is_weight_mean": 1.0, "is_weight_min": 1.0, "is_weight_max": 1.0, "is_weight_capped_fraction": 0.0}
+    weights = np.exp(np.clip(old - sampler, -20.0, 20.0))
+    return {"is_weight_mean": float(weights.mean()), "is_weight_min": float(weights.min()),
+            "is_weight_max": float(weights.max()),
+            "is_weight_capped_fraction": float((weights > tis_cap).mean()) if tis_cap is not None else 0.0}

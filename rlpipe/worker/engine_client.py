@@ -17,7 +17,7 @@ from typing import Any
 from rlpipe.engines.base import Completion, PromptRequest, SamplingParams
 from rlpipe.worker import wire
 
-ENV_SERVER = "RLPIPE_ENGINE_SERVER"  # "off": never use one
+ENV_SERVER = "RLPIPE_ENGINE_SERVER"  # "off": never use one; "@name": that server; unset: the project's own
 
 
 def engine_settings(engine: str, *, device: str, dtype: str, batch_size: int, vllm: Any) -> dict:
@@ -70,9 +70,10 @@ class RemoteEngine:
 def remote_engine(settings: dict, *, model_dir: str | os.PathLike, eos_token_ids: Sequence[int],
                   pad_token_id: int, project: str | os.PathLike | None = None) -> RemoteEngine | None:
     """A `RemoteEngine` if this project's engine server runs with these settings, else None (with a note why)."""
-    if os.environ.get(ENV_SERVER) == "off":
+    setting = os.environ.get(ENV_SERVER, "")
+    if setting == "off":
         return None
-    addr = wire.address("engine", project or os.getcwd())
+    addr = "\0" + setting[1:] if setting.startswith("@") else wire.address("engine", project or os.getcwd())
     try:
         sock = wire.connect(addr, timeout=5.0)
     except OSError:

@@ -275,7 +275,8 @@ def test_vllm_results_make_a_valid_rollout_table(fake_vllm, tmp_path):
     engine = make_engine(cfg, engine="vllm", model_dir="m", eos_token_ids=[EOS], pad_token_id=0)
     prompts = pl.DataFrame({"prompt_id": pl.Series([10, 11, 12, 13], dtype=pl.Int64),
                             "prompt_token_ids": [[1, 3], [1, 4, 5], [1, 6], [1, 7, 8, 9]]})
-    rollouts = generate_rollouts(engine, prompts, cfg=cfg, seed=1, iteration=0, decode=lambda ids: str(ids))
+    rollouts = generate_rollouts(engine, prompts, cfg=cfg, seed=1, iteration=0, policy_version=0,
+                                 decode=lambda ids: str(ids))
     (_, sampling), = FakeLLM.instances[0].calls
     assert {sp.top_k for sp in sampling} == {4}
     path = write_artifact(rollouts, tmp_path / "rollouts.parquet", ROLLOUTS, metadata={"engine": engine.name})
@@ -294,7 +295,7 @@ def test_rollout_frame_keeps_the_request_order(fake_vllm):
     groups = VLLMEngine("m", dtype="bfloat16", eos_token_ids=[EOS]).generate(reqs, PARAMS)
     prompts = pl.DataFrame({"prompt_id": pl.Series([5, 3, 9], dtype=pl.Int64),
                             "prompt_token_ids": [list(r.prompt_token_ids) for r in reqs]})
-    frame = rollout_frame(prompts, reqs, groups, iteration=0, decode=str)
+    frame = rollout_frame(prompts, reqs, groups, policy_version=0, decode=str)
     assert frame["prompt_id"].to_list() == [5, 5, 3, 3, 9, 9]
     assert frame["completion_token_ids"].to_list() == [c.token_ids for g in groups for c in g]
 

@@ -7,7 +7,7 @@ import pytest
 
 from rlpipe.environments import InfrastructureError, Task, Turn
 from rlpipe.environments.python_tool import PythonEnvironment
-from rlpipe.rewards.sandbox import SandboxUnavailable
+from rlpipe.rewards.code import SandboxUnavailable
 
 TASK = Task(prompt_id=0, sample_idx=0, prompt="p", answer=None, metadata={}, seed=1, tool_timeout_s=20.0)
 
@@ -37,6 +37,6 @@ def test_a_sandbox_that_cannot_start_is_an_infrastructure_error(monkeypatch):
     def unavailable(*args, **kwargs):
         raise SandboxUnavailable("no sandbox works on this host")
 
-    monkeypatch.setattr("rlpipe.rewards.sandbox.run_code_tests", unavailable)
+    monkeypatch.setattr("rlpipe.rewards.code.process.run_cases", unavailable)
     with pytest.raises(InfrastructureError, match="the python sandbox is unavailable: no sandbox works"):
         run("print(1)")

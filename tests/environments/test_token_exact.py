@@ -41,7 +41,7 @@ def test_round_trip_through_the_table_reproduces_the_sampler_logprobs(tokenizer,
     driver = make_driver(engine, tokenizer, Echo, group_size=8, sampling=sampling, max_total_tokens=90,
                          prompts_per_chunk=2)
     prompts = prompts_frame(tokenizer, ["12+34=", "5+6=", "789+1=", "2+2="])
-    out = generate_multi_turn(driver, prompts, seed=7, iteration=0)
+    out = generate_multi_turn(driver, prompts, seed=7, iteration=0, policy_version=0)
     path = write_artifact(out, tmp_path / "rollouts.parquet", ROLLOUTS)
     table = read_artifact(path, ROLLOUTS).frame
     assert table.equals(out.select(table.columns))

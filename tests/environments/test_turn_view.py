@@ -22,7 +22,8 @@ def test_inspect_shows_turns_and_colours_only_policy_tokens(tokenizer, tmp_path)
         return "3" if tool in prompt else "<call>add(1,2)</call>"
 
     driver = make_driver(ScriptedEngine(tokenizer, policy), tokenizer, CalculatorEnvironment, group_size=1)
-    path = write_artifact(generate_multi_turn(driver, prompts_frame(tokenizer, ["1+2="]), seed=1, iteration=0),
+    path = write_artifact(generate_multi_turn(driver, prompts_frame(tokenizer, ["1+2="]), seed=1, iteration=0,
+                                              policy_version=0),
                           tmp_path / "rollouts.parquet", ROLLOUTS)
     data = inspect_data(path, show=1, color_by="sampler_logprobs")
     (rec,) = data["rows"]

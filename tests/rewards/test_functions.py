@@ -17,7 +17,7 @@ from rlpipe.rewards.functions import (
     length_penalty,
 )
 from rlpipe.rewards.model_reward import reward_model
-from rlpipe.rewards.sandbox import code_tests
+from rlpipe.rewards.code import code_tests
 
 
 def make(completion="", answer=None, tokens=1, truncated=False):

@@ -1,0 +1,136 @@
+"""Overlapped iterations: iteration k+1's sampling stages run while iteration k trains.
+
+How, without a second scheduler: the stages of iteration k+1 that do not depend on iteration k's
+training (generate, score, and reference_logprob / values when their inputs do not change) run with
+exactly the params and inputs iteration k+1 will have, in a scratch copy of the project
+(``.rlpipe/ahead/``: hard links, and the project's own DVC cache). DVC's run cache records each run
+there under the hash of its command, dependencies and params. When the main project reaches
+iteration k+1, its ``dvc repro`` finds those entries and restores the outputs instead of running the
+stages again ("Stage 'generate' is cached - skipping run"), and dvc.lock records them as usual. If
+anything differs (a params edit in between, a crashed prefetch), DVC simply runs the stage: the
+overlap can only save time, never change a result.
+
+Which policy samples iteration k+1 is fixed by the schedule (`rlpipe.run.policies.sampler_version`),
+so an overlapped run is as reproducible as a synchronous one.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from rlpipe.config import Params
+from rlpipe.iterate import STATE_SAMPLER, set_params
+from rlpipe.run import policies
+
+AHEAD = ".rlpipe/ahead"
+# Never carried into the scratch copy: this iteration's records (hidden entries are skipped too).
+_NOT_LINKED = {"dvc.lock", "metrics", "plots", "history", "dvc_plots"}  # and hidden entries (.git, .dvc, .venv...)
+
+
+def prefetchable(params: Params) -> list[str]:
+    """The stages of iteration k+1 whose inputs are known while iteration k trains.
+
+    generate and score always; reference_logprob unless iteration k+1 refreshes the reference
+    (it would be iteration k's output); values unless it runs the PPO critic (iteration k trains it).
+    """
+    stages = ["generate", "score"]
+    refresh = params.reference.refresh_every
+    if not (refresh > 0 and (params.iteration + 1) % refresh == 0):
+        stages.append("reference_logprob")
+    if not params.advantage.needs_critic:
+        stages.append("values")
+    return stages
+
+
+def next_sampling_params(params: Params) -> dict:
+    """The params.yaml values of iteration k+1 that its prefetched stages read (what `advance` will write)."""
+    k = params.iteration
+    return {"iteration": k + 1, "policy.version": policies.sampler_version(k + 1, params.policy.max_staleness),
+            "policy.path": STATE_SAMPLER, "policy.latest_path": "state/policy"}
+
+
+class Prefetch:
+    """The prefetch of one iteration at a time, in a background ``dvc repro`` process."""
+
+    def __init__(self, root: str | os.PathLike, *, log) -> None:
+        self.root = Path(root).resolve()
+        self.dir = self.root / AHEAD
+        self.log = log
+        self.proc: subprocess.Popen | None = None
+        self.iteration: int | None = None
+
+    def start(self, params: Params, params_file: str, *, env: dict[str, str]) -> None:
+        """Start iteration k+1's prefetchable stages (k = params.iteration) with the sampler it will use.
+
+        ``env``: the process environment of the prefetch (`rlpipe.run.servers.RunServers.env_for_sampling`).
+        """
+        self.wait()
+        updates = next_sampling_params(params)
+        self._prepare_dir(params_file, updates)
+        stages = prefetchable(params)
+        self.iteration = params.iteration + 1
+        print(f"rlpipe run: sampling iteration {self.iteration} ahead (policy version {updates['policy.version']}): "
+              f"{', '.join(stages)}", file=self.log, flush=True)
+        with open(self.dir / "prefetch.log", "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "--single-item", *stages],
+                                         cwd=self.dir, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT)
+
+    def wait(self) -> bool:
+        """Wait for the prefetch in flight; True when it finished cleanly (a failed one is only reported:
+        the main ``dvc repro`` then runs those stages itself)."""
+        if self.proc is None:
+            return True
+        code = self.proc.wait()
+        self.proc = None
+        if code != 0:
+            tail = (self.dir / "prefetch.log").read_text(errors="replace").splitlines()[-10:]
+            print(f"rlpipe run: sampling iteration {self.iteration} ahead failed (exit {code}); it runs in the "
+                  f"main pipeline instead. The end of {self.dir / 'prefetch.log'}:\n" + "\n".join(tail),
+                  file=self.log, flush=True)
+        return code == 0
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def _prepare_dir(self, params_file: str, updates: dict) -> None:
+        """The scratch project: the project's files as hard links, its DVC cache, the next sampler, the next params."""
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True)
+        for entry in self.root.iterdir():
+            hidden = entry.name.startswith(".") and entry.name not in (".dvcignore", ".gitignore")
+            if hidden or entry.name in _NOT_LINKED or entry.name == params_file:
+                continue
+            if entry.is_dir():
+                shutil.copytree(entry, self.dir / entry.name, copy_function=policies._link_or_copy, symlinks=True)
+            else:
+                policies._link_or_copy(str(entry), str(self.dir / entry.name))
+        shutil.copy2(self.root / params_file, self.dir / params_file)  # a real copy: it is edited below
+        (self.dir / ".dvc").mkdir()
+        config = (self.root / ".dvc" / "config").read_text() if (self.root / ".dvc" / "config").is_file() else ""
+        cache = self.root / ".dvc" / "cache"
+        (self.dir / ".dvc" / "config").write_text(
+            _without_sections(config, ("core", "cache")) +
+            f"[core]\n    no_scm = true\n    analytics = false\n[cache]\n    dir = {cache}\n")
+        version = updates["policy.version"]
+        policies.link_tree(policies.path_of(self.root, version), self.dir / STATE_SAMPLER)
+        set_params(self.dir / params_file, updates)
+
+
+def _without_sections(config: str, names: tuple[str, ...]) -> str:
+    """An INI text without the named sections (the scratch copy sets its own core and cache)."""
+    out, skipping = [], False
+    for line in config.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("[") and stripped.endswith("]"):
+            skipping = stripped.strip("[]").strip().strip("'\"") in names
+        if not skipping:
+            out.append(line)
+    return "\n".join(out) + ("\n" if out else "")

@@ -1,0 +1,132 @@
+"""Overlapped iterations (docs/overlap.md): the sampling schedule, its params, the staleness checks, the
+importance-weight statistics and the store of recent policies, each on small hand-made inputs."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import yaml
+
+from rlpipe.config import load_params
+from rlpipe.errors import ArtifactError, ConfigError, RlpipeError
+from rlpipe.io import Artifact
+from rlpipe.run import policies
+from rlpipe.run.ahead import _without_sections, next_sampling_params, prefetchable
+from rlpipe.training.data import check_policy_version
+from rlpipe.training.report import importance_weights
+from tests.test_config import dump
+
+REPO_PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
+
+
+@pytest.mark.parametrize("staleness, versions", [(0, [0, 1, 2, 3, 4]), (1, [0, 0, 1, 2, 3]), (2, [0, 0, 0, 1, 2])])
+def test_each_iteration_samples_with_the_oldest_version_the_staleness_allows(staleness, versions):
+    assert [policies.sampler_version(k, staleness) for k in range(5)] == versions
+
+
+def params_with(tmp_path, **policy) -> object:
+    data = yaml.safe_load(REPO_PARAMS.read_text())
+    data["iteration"] = policy.pop("iteration", data["iteration"])
+    data["policy"].update(policy)
+    return load_params(dump(tmp_path, data))
+
+
+@pytest.mark.parametrize("policy, message", [
+    ({"iteration": 3, "version": 4, "max_staleness": 1}, "policy.version must be within policy.max_staleness=1"),
+    ({"iteration": 3, "version": 1, "max_staleness": 1}, "policy.version must be within policy.max_staleness=1"),
+    ({"iteration": 3, "version": 3, "max_staleness": 1, "path": "state/sampler", "latest_path": "state/policy"},
+     "policy.latest_path must equal policy.path when policy.version == iteration"),
+    ({"max_staleness": -1}, "policy.max_staleness must be >= 0"),
+])
+def test_the_sampler_version_is_checked_against_the_staleness_bound(tmp_path, policy, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        params_with(tmp_path, **policy)
+
+
+def test_an_overlapped_iteration_loads(tmp_path):
+    p = params_with(tmp_path, iteration=3, version=2, max_staleness=1, path="state/sampler", latest_path="state/policy")
+    assert (p.policy.version, p.policy.path, p.policy.latest_path) == (2, "state/sampler", "state/policy")
+
+
+def rollouts_of(version: int | None, tmp_path) -> Artifact:
+    return Artifact(frame=pl.DataFrame(), metadata={"policy_version": version}, path=tmp_path / "rollouts.parquet")
+
+
+def test_train_checks_the_rollouts_sampler_and_its_staleness(tmp_path):
+    ok = check_policy_version(rollouts_of(2, tmp_path), sampler_version=2, iteration=3, max_staleness=1,
+                              policy_dir="state/policy", stored=3)
+    assert ok == 1
+    assert check_policy_version(rollouts_of(3, tmp_path), sampler_version=3, iteration=3, max_staleness=0,
+                                policy_dir="state/policy", stored=3) == 0
+    with pytest.raises(ArtifactError, match=r"sampled by policy version 1, but params policy.version is 2"):
+        check_policy_version(rollouts_of(1, tmp_path), sampler_version=2, iteration=3, max_staleness=1,
+                             policy_dir="state/policy", stored=3)
+    with pytest.raises(ArtifactError, match=r"2 versions behind iteration 3; policy.max_staleness allows 1"):
+        check_policy_version(rollouts_of(1, tmp_path), sampler_version=1, iteration=3, max_staleness=1,
+                             policy_dir="state/policy", stored=3)
+    with pytest.raises(ArtifactError, match=r"state/policy: holds policy version 2, but train starts iteration 3"):
+        check_policy_version(rollouts_of(2, tmp_path), sampler_version=2, iteration=3, max_staleness=1,
+                             policy_dir="state/policy", stored=2)
+
+
+def test_importance_weights_are_pi_old_over_pi_sampler_per_token():
+    # tokens: log pi_sampler [-1, -2 | -0.5], log pi_old [-1.5, -1 | -0.5]
+    # weights exp(-0.5) = 0.606531, exp(1) = 2.718282, exp(0) = 1 -> mean 1.441604; above cap 2: 1 of 3
+    frame = pl.DataFrame({"sampler_logprobs": [[-1.0, -2.0], [-0.5]], "policy_mask": [[True, True], [True]]})
+    old = [[-1.5, -1.0], [-0.5]]
+    w = importance_weights(frame, [np.asarray(x) for x in old], tis_cap=2.0)
+    assert math.isclose(w["is_weight_mean"], (math.exp(-0.5) + math.e + 1.0) / 3, rel_tol=1e-12)
+    assert math.isclose(w["is_weight_min"], math.exp(-0.5)) and math.isclose(w["is_weight_max"], math.e)
+    assert w["is_weight_capped_fraction"] == pytest.approx(1 / 3)
+    assert importance_weights(frame, [np.asarray(x) for x in old], tis_cap=None)[
+        "is_weight_capped_fraction"] == 0.0
+    # multi-turn: an observation token (sampler 0.0, no log-prob of the policy's) is no weight at all
+    turns = pl.DataFrame({"sampler_logprobs": [[-1.0, 0.0, -2.0], [-0.5]],
+                          "policy_mask": [[True, False, True], [True]]})
+    assert importance_weights(turns, [np.asarray(x) for x in ([-1.5, -9.0, -1.0], [-0.5])], tis_cap=2.0) == w
+
+
+def test_what_runs_ahead_is_what_does_not_wait_for_this_iteration(tmp_path):
+    p = params_with(tmp_path)
+    assert prefetchable(p) == ["generate", "score", "reference_logprob", "values"]
+    data = yaml.safe_load(REPO_PARAMS.read_text())
+    data["reference"]["refresh_every"] = 1  # iteration k+1's reference is iteration k's output
+    data["advantage"]["estimator"] = "gae"  # its critic too
+    assert prefetchable(load_params(dump(tmp_path, data))) == ["generate", "score"]
+    data["iteration"], data["policy"]["max_staleness"], data["policy"]["version"] = 4, 2, 3
+    data["policy"]["path"], data["policy"]["latest_path"] = "state/sampler", "state/policy"
+    assert next_sampling_params(load_params(dump(tmp_path, data))) == {
+        "iteration": 5, "policy.version": 3, "policy.path": "state/sampler", "policy.latest_path": "state/policy"}
+
+
+def model_dir(path: Path, version: int | None) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    (path / "weights.bin").write_bytes(bytes([version or 0]) * 16)
+    if version is not None:
+        (path / "rlpipe.json").write_text(json.dumps({"policy_version": version}))
+    return path
+
+
+def test_the_policy_store_keeps_links_and_prunes_what_no_iteration_samples(tmp_path):
+    root = tmp_path / "project"
+    initial = model_dir(root / "artifacts/model", None)  # version 0: a plain model dir
+    policies.keep(root, 0, initial)
+    policies.keep(root, 1, model_dir(root / "ckpt1", 1))
+    kept = policies.path_of(root, 1) / "weights.bin"
+    assert kept.stat().st_ino == (root / "ckpt1/weights.bin").stat().st_ino  # a hard link, not a copy
+    with pytest.raises(RlpipeError, match="holds policy version 1, not 2"):
+        policies.keep(root, 2, root / "ckpt1")
+    policies.prune(root, oldest_needed=1)
+    assert sorted(p.name for p in (root / policies.STORE).iterdir()) == ["1"]
+    with pytest.raises(RlpipeError, match="policy version 0 is not in"):
+        policies.path_of(root, 0)
+
+
+def test_the_scratch_project_sets_its_own_core_and_cache_sections():
+    config = "[core]\n    autostage = true\n['remote \"shared\"']\n    url = /x\n[cache]\n    type = copy\n"
+    assert _without_sections(config, ("core", "cache")) == "['remote \"shared\"']\n    url = /x\n"
