@@ -62,8 +62,11 @@ LOGPROBS_MODE = "processed_logprobs"
 def vllm_available() -> bool:
     """True when the vllm package is installed; found without importing it (importing vllm takes seconds,
     and a stage served by the engine server never needs it)."""
+    import sys
     from importlib.util import find_spec
 
+    if "vllm" in sys.modules:
+        return sys.modules["vllm"] is not None
     return find_spec("vllm") is not None
 
 

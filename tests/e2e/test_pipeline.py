@@ -80,7 +80,7 @@ def test_training_changed_the_weights(reproduced):
     assert before.keys() == after.keys()
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert len(changed) == len(before), "every weight tensor should move"
-    assert json.loads((reproduced / "artifacts/train/checkpoint/rlpipe.json").read_text()) == {"policy_version": 1}
+    assert json.loads((reproduced / "artifacts/train/checkpoint/rlpipe.json").read_text()) == {"policy_version": 1, "dtype": "float32", "master_weights": False}
 
 
 def test_first_update_starts_on_policy(reproduced):
@@ -133,7 +133,7 @@ def test_iterate_advances_and_every_iteration_stays_retrievable(project_copy):
     params = load_params(root / "params.yaml")
     assert (params.iteration, params.policy.path) == (1, "state/policy")
     assert (params.reference.path, params.reference.version) == ("artifacts/prepare/model", 0)
-    assert json.loads((root / "state/policy/rlpipe.json").read_text()) == {"policy_version": 1}
+    assert json.loads((root / "state/policy/rlpipe.json").read_text()) == {"policy_version": 1, "dtype": "float32", "master_weights": False}
     history = [json.loads(x) for x in (root / "history/iterations.jsonl").read_text().splitlines()]
     assert [h["iteration"] for h in history] == [0]
 
@@ -210,4 +210,4 @@ def test_run_command_runs_n_iterations_and_resumes(project_copy):
     from rlpipe.config import load_params
 
     assert load_params(root / "params.yaml").iteration == 2
-    assert json.loads((root / "state/policy/rlpipe.json").read_text()) == {"policy_version": 2}
+    assert json.loads((root / "state/policy/rlpipe.json").read_text()) == {"policy_version": 2, "dtype": "float32", "master_weights": False}
