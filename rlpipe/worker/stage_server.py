@@ -32,6 +32,7 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import dataclass
 
 from rlpipe.worker import wire
@@ -112,6 +113,7 @@ def warm_models(model_dirs: list[str]) -> list[str]:
 
 @dataclass
 class Running:
+    """A stage being run: its forked process, and the connection of the stage command that handed it over."""
     pid: int
     pidfd: int
     conn: object
@@ -120,6 +122,13 @@ class Running:
 
 
 class StageServer:
+    """One event loop (selectors: the listening socket, each stage's connection and process) in one thread.
+
+    Forking happens only in that thread, so no lock of the server's own is ever held across a fork.
+    The other threads in the process belong to libraries that are idle here (polars' and pyarrow's
+    jemalloc, which has fork handlers); Python's "multi-threaded fork" warning is silenced for that reason.
+    """
+
     def __init__(self, addr: str, *, fingerprint: dict, idle_timeout: float | None, owner: int | None = None,
                  log=sys.stderr) -> None:
         self.addr = addr
@@ -327,6 +336,8 @@ def main() -> None:
     parser.add_argument("--owner", type=int, default=None, help="exit when the process with this pid exits")
     args = parser.parse_args()
     addr = "\0" + args.address[1:] if args.address else wire.address("stage", args.project)
+    warnings.filterwarnings("ignore", message=r"This process .* is multi-threaded, use of fork\(\)",
+                            category=DeprecationWarning)  # see StageServer
     t0 = time.perf_counter()
     fingerprint = environment_fingerprint()
     warm_imports()
