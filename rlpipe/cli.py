@@ -19,6 +19,66 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(2)
 
 
+def _version_callback(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"rlpipe {version('rlpipe')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
+                                      help="print rlpipe's version and exit")) -> None:
+    """rlpipe: offline GRPO/PPO as cached DVC stages over Parquet."""
+
+
+def _parse_settings(items: List[str]) -> dict:
+    import yaml
+
+    settings = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise RlpipeError(f"--set {item!r}: write KEY=VALUE, e.g. generate.group_size=8")
+        settings[key.strip()] = yaml.safe_load(value)
+    return settings
+
+
+@app.command()
+def init(directory: str = typer.Argument(..., help="the new project's directory (must not exist, or be empty)"),
+         model: str = typer.Option(..., "--model", help="a local Hugging Face model directory (copied into the "
+                                                       "project, tracked by DVC; nothing is downloaded)"),
+         train: str = typer.Option(..., "--train", help="train prompts: .jsonl, .parquet, .csv, or a `datasets` "
+                                                       "save_to_disk directory"),
+         eval_: str = typer.Option(..., "--eval", help="held-out prompts, the same formats"),
+         reward: Optional[List[str]] = typer.Option(None, "--reward", help="module:function of a reward whose "
+                                                    "module sits in the current directory (copied into the "
+                                                    "project); repeatable. Default: exact_answer + digit_match"),
+         prompt_column: str = typer.Option("prompt", help="the prompt column of the files"),
+         answer_column: str = typer.Option("answer", help="the ground-truth column ('' = none)"),
+         chat_template: str = typer.Option("auto", help="auto (the tokenizer's template when it has one), on, off"),
+         device: str = typer.Option("cpu", help="cpu, or cuda (then bfloat16 everywhere)"),
+         settings: Optional[List[str]] = typer.Option(None, "--set", help="another params.yaml value, KEY=VALUE "
+                                                      "(e.g. generate.max_new_tokens=512); repeatable")) -> None:
+    """Make a ready project for your own model, prompt files and reward: then `cd DIR && dvc repro`."""
+    from rlpipe.project.init import init_project
+
+    try:
+        report = init_project(directory, model=model, train=train, eval_=eval_, rewards=reward or (),
+                              prompt_column=prompt_column, answer_column=answer_column or None,
+                              chat_template=chat_template, device=device,
+                              settings=_parse_settings(settings or []))
+    except RlpipeError as e:
+        _fail(e)
+    typer.echo(f"wrote {report.root}: {report.num_train} train and {report.num_eval} eval prompts, "
+               "model in models/base, git and DVC initialised")
+    if report.unset_options:
+        typer.echo("next: fill in your reward's options in params.yaml (score.rewards, marked FILL_IN): "
+                   + "; ".join(report.unset_options))
+    typer.echo(f"then: cd {report.root} && dvc repro   (one iteration; then `rlpipe iterate`, or `rlpipe run -n N`)")
+
+
 @app.command()
 def iterate(params: str = typer.Option("params.yaml", help="params file"),
             commit: bool = typer.Option(True, help="commit (and tag) each finished iteration to git")) -> None:
