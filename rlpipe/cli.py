@@ -81,16 +81,31 @@ def init(directory: str = typer.Argument(..., help="the new project's directory 
 
 @app.command()
 def iterate(params: str = typer.Option("params.yaml", help="params file"),
-            commit: bool = typer.Option(True, help="commit (and tag) each finished iteration to git")) -> None:
+            commit: bool = typer.Option(True, help="commit (and tag) each finished iteration to git"),
+            allow_experiment: bool = typer.Option(False, "--allow-experiment",
+                                                  help="record the workspace even when it holds an experiment "
+                                                       "applied with `dvc exp apply`")) -> None:
     """Finish the current iteration and make the trained policy the next iteration's sampler."""
     from rlpipe.iterate import advance
 
     try:
-        row = advance(".", params_file=params, commit=commit)
+        row = advance(".", params_file=params, commit=commit, allow_experiment=allow_experiment)
     except RlpipeError as e:
         _fail(e)
-    typer.echo(f"iteration {row['iteration']} done: eval accuracy {row['eval_accuracy']:.3f}, "
-               f"train reward {row['train_reward_mean']:.3f}; params now at iteration {row['iteration'] + 1}")
+    k = row["iteration"]
+    typer.echo(f"iteration {k} done: eval accuracy {_num(row['eval_accuracy'])}, "
+               f"train reward {_num(row['train_reward_mean'])}; params now at iteration {k + 1}")
+    tagged = f"committed and tagged iteration-{k}; " if commit else ""
+    typer.echo(f"{tagged}next: `dvc repro` (iteration {k + 1}), `rlpipe run -n N` (N more), "
+               f"`rlpipe inspect . --rev {k} --show 4`, `dvc metrics show`; `dvc push` if you set a remote")
+
+
+def _num(x: float | None) -> str:
+    """A metric for people: 3 decimals, never "-0.000"."""
+    if x is None:
+        return "n/a"
+    text = f"{x:.3f}"
+    return text[1:] if text == "-0.000" else text
 
 
 @app.command()
@@ -109,16 +124,19 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
                                                          "docs/overlap.md)")) -> None:
     """Run iterations back to back: `dvc repro` then `rlpipe iterate`, until the target.
 
+    `-n N` trains N new iterations: one that a plain `dvc repro` already trained is recorded first
+    and not counted.
+
     After a crash, `rlpipe run --until K` finishes what is left: `dvc repro` skips every stage
     that already finished and an interrupted `rlpipe iterate` is completed first.
     """
     from rlpipe.config import load_params
-    from rlpipe.iterate import finish_interrupted_start
+    from rlpipe.iterate import already_reproduced, finish_interrupted_start
     from rlpipe.run.loop import run_iterations
 
     def report(row: dict) -> None:
-        typer.echo(f"iteration {row['iteration']}: eval accuracy {row['eval_accuracy']:.3f}, "
-                   f"train reward {row['train_reward_mean']:.3f}")
+        typer.echo(f"iteration {row['iteration']}: eval accuracy {_num(row['eval_accuracy'])}, "
+                   f"train reward {_num(row['train_reward_mean'])}")
         sys.stdout.flush()
 
     if (iterations is None) == (until is None):
@@ -127,7 +145,12 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
         if until is None:
             if commit:  # an advance cut short after rewriting params.yaml already counts as done
                 finish_interrupted_start(Path("."), params_file=params)
-            until = load_params(params).iteration + iterations
+            p = load_params(params)
+            until = p.iteration + iterations
+            if already_reproduced(Path("."), p):  # a plain `dvc repro` trained this one: N more *new* ones
+                typer.echo(f"iteration {p.iteration} is already reproduced (`dvc repro`): recording it, "
+                           f"then {iterations} new iteration(s)")
+                until += 1
         run_iterations(".", until=until, params_file=params, commit=commit, servers=servers,
                        max_staleness=max_staleness, on_iteration=report)
     except RlpipeError as e:
