@@ -8,8 +8,9 @@ arguments, as TRL calls it:
 * ``prompts``: the prompt text the model saw (after the chat template), one per row;
 * ``completions``: the completion text (multi-turn: the final model turn);
 * ``completion_ids``: the completion's token ids (EOS included when produced);
+* ``answer``: the ground truth (the file's answer column), unless the file has a column of that name;
 * every column of the prompt file by its own name (the raw prompt and answer columns included,
-  from ``Sample.metadata``), one value per row, e.g. ``solution`` or ``answer``;
+  from ``Sample.metadata``), one value per row, e.g. ``solution``;
 * its options from params.yaml.
 
 A function without ``**kwargs`` gets only the arguments it names. Texts are plain strings (TRL's
@@ -23,7 +24,7 @@ from typing import Any, Callable, Sequence
 from rlpipe.rewards.functions import Sample, batch_reward
 
 TRL_FIRST_PARAMETERS = ("prompts", "completions")
-TRL_ARGUMENTS = ("prompts", "completions", "completion_ids")
+TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "answer")  # per-row, besides the file's columns
 
 
 def is_trl_reward(fn: Callable[..., Any]) -> bool:

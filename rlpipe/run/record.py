@@ -74,5 +74,6 @@ def applied_experiment(root: Path, params_file: str = "params.yaml") -> str | No
     head = _git(root, "show", f"HEAD:{params_file}")
     if theirs.returncode != 0 or mine != theirs.stdout or (head.returncode == 0 and head.stdout == mine):
         return None
-    names = _git(root, "for-each-ref", "--points-at", exp, "--format=%(refname:short)", "refs/exps").stdout.split()
-    return names[0].rsplit("/", 1)[-1] if names else exp[:7]
+    refs = _git(root, "for-each-ref", "--points-at", exp, "--format=%(refname)", "refs/exps").stdout.split()
+    names = [r.rsplit("/", 1)[-1] for r in refs if r != EXEC_APPLY]
+    return names[0] if names else exp[:7]
