@@ -79,8 +79,30 @@ def engine_metrics(engine: Any) -> dict[str, Any]:
     return {"engine_server": True, "engine_server_seconds": timings}
 
 
+# The numbers `dvc metrics show` prints (one short table): per stage, the keys of its metrics file that
+# say whether an iteration went well, plus its wall time. Everything else stays in metrics/<stage>.json.
+HEADLINE = {
+    "generate": ("length_mean", "truncation_rate"),
+    "score": ("reward_mean", "accuracy"),
+    "train": ("kl_ref", "clip_fraction"),
+    "evaluate": ("accuracy", "reward_mean"),
+}
+HEADLINE_DIR = "headline"
+
+
+def headline_path(path: str | Path) -> Path:
+    """``metrics/<stage>.json`` -> ``metrics/headline/<stage>.json`` (what dvc.yaml declares as DVC metrics)."""
+    return Path(path).parent / HEADLINE_DIR / Path(path).name
+
+
 def write_metrics(path: str | Path, stage: str, metrics: dict[str, Any], timer: PhaseTimer) -> None:
-    write_json(path, {"stage": stage, **metrics, "seconds": timer.report()})
+    """The stage's metrics file (every number), and beside it, in ``headline/``, its `HEADLINE` numbers."""
+    seconds = timer.report()
+    full = _no_negative_zero({"stage": stage, **metrics, "seconds": seconds})
+    write_json(path, full)
+    headline = headline_path(path)
+    headline.parent.mkdir(parents=True, exist_ok=True)
+    write_json(headline, {**{k: full.get(k) for k in HEADLINE.get(stage, ())}, "seconds": seconds["total"]})
 
 
 def stage_main(stage: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
@@ -102,8 +124,24 @@ def stage_main(stage: str) -> Callable[[Callable[..., None]], Callable[..., None
 
 def summary_line(stage: str, **fields: Any) -> None:
     """One line per stage at the end: what it did and how long it took."""
-    parts = " ".join(f"{k}={v}" for k, v in fields.items())
+    parts = " ".join(f"{k}={_no_negative_zero(v)}" for k, v in fields.items())
     print(f"rlpipe {stage}: {parts}", file=sys.stderr)
+
+
+def warn(stage: str, message: str) -> None:
+    """A line on stderr for a setting that did not do what it says, while the stage goes on."""
+    print(f"rlpipe {stage}: warning: {message}", file=sys.stderr)
+
+
+def _no_negative_zero(value: Any) -> Any:
+    """``value`` with every -0.0 in it made 0.0: a rounded tiny negative is no information, and reads as a sign."""
+    if isinstance(value, float):
+        return value + 0.0  # -0.0 + 0.0 == +0.0; every other float is unchanged
+    if isinstance(value, dict):
+        return {k: _no_negative_zero(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_negative_zero(v) for v in value]
+    return value
 
 
 def run(app: Callable[[], None]) -> None:

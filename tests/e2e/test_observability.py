@@ -9,6 +9,7 @@ import pytest
 
 from rlpipe.io import read_json
 from tests.e2e.conftest import run
+from tests.e2e.test_pipeline import STAGES
 from tests.test_docs import doc_test_blocks
 
 pytestmark = pytest.mark.slow
@@ -74,9 +75,14 @@ def test_metrics_plots_and_diff_after_iterate(project_copy):
     shown = json.loads(run(["dvc", "metrics", "show", "--json"], root).stdout)
     assert len(shown) == 1  # the workspace (its key is "" or "workspace", depending on the DVC version)
     workspace = next(iter(shown.values()))["data"]
-    assert {f"metrics/{s}.json" for s in ("generate", "score", "train", "evaluate")} <= set(workspace)
-    evaluate = workspace["metrics/evaluate.json"]["data"]
-    assert "accuracy" in evaluate and "total" in evaluate["seconds"]
+    assert set(workspace) == {f"metrics/headline/{s}.json" for s in STAGES}  # the headline table only
+    evaluate = workspace["metrics/headline/evaluate.json"]["data"]
+    assert evaluate == {"accuracy": read_json(root / "metrics/evaluate.json")["accuracy"],
+                        "reward_mean": read_json(root / "metrics/evaluate.json")["reward_mean"],
+                        "seconds": read_json(root / "metrics/evaluate.json")["seconds"]["total"]}
+    columns = {key for entry in workspace.values() for key in entry["data"]}
+    assert columns == {"accuracy", "reward_mean", "length_mean", "truncation_rate", "kl_ref", "clip_fraction",
+                       "seconds"}
     assert json.loads(run(["dvc", "metrics", "diff", "iteration-0", "--all", "--json"], root).stdout) is not None
 
     plots = json.loads(run(["dvc", "plots", "show", "--json"], root).stdout)
