@@ -103,8 +103,10 @@ def test_metrics_plots_and_diff_after_iterate(project_copy):
     assert data["flips"]["examples_wrong_to_right"] == []
     accuracy_row = next(m for m in data["metrics"] if m["metric"] == "eval accuracy")
     assert accuracy_row["delta"] == 0.0 and accuracy_row["change"] == "same"
-    assert data["params"] == [{"key": "iteration", "a": 0, "b": 1},
-                              {"key": "policy.path", "a": "artifacts/prepare/model", "b": "state/policy"}]
+    changed = {p["key"]: (p["a"], p["b"]) for p in data["params"]}  # what `rlpipe iterate` moved on
+    assert changed == {"iteration": (0, 1), "policy.version": (0, 1),
+                       "policy.path": ("artifacts/prepare/model", "state/policy"),
+                       "policy.latest_path": ("artifacts/prepare/model", "state/policy")}
     assert "eval accuracy" in run(["rlpipe", "diff", "0", "."], root).stdout
     # the tag's eval rollouts through DVC, as diff's per-prompt commands read them
     old = json.loads(run(["rlpipe", "inspect", ".", "--rev", "0", "--eval", "--prompt-id", "3", "--json"], root).stdout)
