@@ -330,10 +330,10 @@ def _check_recordable(root: Path, params_file: str, *, allow_experiment: bool) -
     """The files that define this iteration (`rlpipe.run.record`); raises when the workspace must not be recorded."""
     exp = record.applied_experiment(root, params_file)
     if exp is not None and not allow_experiment:
-        raise RlpipeError(f"the workspace holds experiment {exp!r} (applied with `dvc exp apply`), not the "
-                          "iteration's own params; `rlpipe iterate --allow-experiment` records it as this "
-                          "iteration, or `git checkout -- params.yaml && dvc repro` goes back to the baseline "
-                          "(docs/metrics-and-plots.md#experiments)")
+        raise RlpipeError(f"the workspace holds experiment {exp!r} (left by `dvc exp run` or `dvc exp apply`), "
+                          "not the iteration's own params; `rlpipe iterate --allow-experiment` records it as "
+                          "this iteration, or `git checkout -- params.yaml && dvc repro` goes back to the "
+                          "baseline (docs/metrics-and-plots.md#comparing-against-the-iterations-own-baseline)")
     files, lost = record.iteration_files(root)
     if lost:
         raise RlpipeError(f"stage input(s) {lost} are git-ignored and not tracked by DVC, so the iteration "

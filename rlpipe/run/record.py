@@ -8,8 +8,8 @@ read that no stage wrote — in git (stage scripts, reward modules, code) or, wh
 keeps beside its outputs. An input that is in neither (git-ignored and not DVC-tracked) cannot be
 restored: `iteration_files` names it and ``rlpipe iterate`` refuses.
 
-`applied_experiment`: after ``dvc exp apply`` the workspace holds an experiment's params and results;
-recording that as the iteration must be asked for (``rlpipe iterate --allow-experiment``).
+`applied_experiment`: after ``dvc exp run`` or ``dvc exp apply`` the workspace holds an experiment's
+params and results; recording that as the iteration must be asked for (``rlpipe iterate --allow-experiment``).
 """
 from __future__ import annotations
 
@@ -65,15 +65,26 @@ def iteration_files(root: Path, lock_file: str = "dvc.lock") -> tuple[list[str],
 
 
 def applied_experiment(root: Path, params_file: str = "params.yaml") -> str | None:
-    """The experiment commit whose params the workspace holds after ``dvc exp apply``, when HEAD's differ."""
-    exp = _git(root, "rev-parse", "-q", "--verify", EXEC_APPLY).stdout.strip()
-    if not exp:
-        return None
+    """The experiment whose params the workspace holds (after ``dvc exp run`` or ``dvc exp apply``), when
+    HEAD's differ; None otherwise.
+
+    Candidates: the experiment ``dvc exp apply`` last applied, and every experiment branched from HEAD
+    (``refs/exps/<HEAD[:2]>/<HEAD[2:]>/<name>``; ``dvc exp run`` leaves its results in the workspace).
+    An experiment whose params equal HEAD's (a saved baseline) is never one.
+    """
     mine = (root / params_file).read_text() if (root / params_file).is_file() else None
-    theirs = _git(root, "show", f"{exp}:{params_file}")
+    head_sha = _git(root, "rev-parse", "-q", "--verify", "HEAD").stdout.strip()
     head = _git(root, "show", f"HEAD:{params_file}")
-    if theirs.returncode != 0 or mine != theirs.stdout or (head.returncode == 0 and head.stdout == mine):
+    if mine is None or (head.returncode == 0 and head.stdout == mine):
         return None
-    refs = _git(root, "for-each-ref", "--points-at", exp, "--format=%(refname)", "refs/exps").stdout.split()
-    names = [r.rsplit("/", 1)[-1] for r in refs if r != EXEC_APPLY]
-    return names[0] if names else exp[:7]
+    listed = _git(root, "for-each-ref", "--format=%(objectname) %(refname)", "refs/exps").stdout.splitlines()
+    refs = [line.split(" ", 1) for line in listed if " " in line]
+    applied = _git(root, "rev-parse", "-q", "--verify", EXEC_APPLY).stdout.strip()
+    branched = f"refs/exps/{head_sha[:2]}/{head_sha[2:]}/" if head_sha else None
+    candidates = ([applied] if applied else []) + [sha for sha, ref in refs if branched and ref.startswith(branched)]
+    for sha in candidates:
+        theirs = _git(root, "show", f"{sha}:{params_file}")
+        if theirs.returncode == 0 and theirs.stdout == mine:
+            names = [ref.rsplit("/", 1)[-1] for other, ref in refs if other == sha and ref != EXEC_APPLY]
+            return names[0] if names else sha[:7]
+    return None

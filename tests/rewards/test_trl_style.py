@@ -61,3 +61,12 @@ def test_trl_rewards_get_completions_ids_and_the_files_columns(trl_module):
 def test_trl_reward_options_are_checked_before_scoring(trl_module):
     with pytest.raises(ConfigError, match="has no option 'scal'"):
         score_rows(rows(), config(RewardEntry("trl_rewards:scaled_length", 1.0, {"scal": 1})))
+
+
+def test_doctests_pass():
+    import doctest
+
+    from rlpipe.rewards import trl_style
+
+    result = doctest.testmod(trl_style)
+    assert result.attempted > 0 and result.failed == 0

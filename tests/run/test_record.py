@@ -67,3 +67,19 @@ def test_an_applied_experiment_is_recognised_until_committed(tmp_path):
     (root / "params.yaml").write_text("lr: 3\n")
     git(root, "commit", "-qam", "chosen on purpose")
     assert applied_experiment(root) is None
+
+
+def test_an_experiment_run_from_head_is_recognised(tmp_path):
+    root = repo(tmp_path)
+    (root / "params.yaml").write_text("lr: 1\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "baseline")
+    head = git(root, "rev-parse", "HEAD").strip()
+    for name, lr in (("it0-baseline", 1), ("lr-5", 5)):  # `dvc exp save` of the baseline, then `dvc exp run`
+        (root / "params.yaml").write_text(f"lr: {lr}\n")
+        git(root, "commit", "-q", "--allow-empty", "-am", name)
+        git(root, "update-ref", f"refs/exps/{head[:2]}/{head[2:]}/{name}", "HEAD")
+        git(root, "reset", "-q", "--soft", head)
+    assert applied_experiment(root) == "lr-5"  # the workspace as `dvc exp run` leaves it
+    (root / "params.yaml").write_text("lr: 1\n")
+    assert applied_experiment(root) is None  # the baseline's params are the iteration's own
