@@ -307,6 +307,8 @@ class EvaluateConfig:
 class IterateConfig:
     """Read by `rlpipe iterate` / `rlpipe run` / `rlpipe gc`, never by a stage (so changing it re-runs nothing)."""
     keep_checkpoints: int  # K: keep the DVC-cached checkpoints of the last K iterations, prune older ones; 0 = keep all
+    # where each finished iteration's numbers also go (rlpipe/tracking): any of dvclive, tensorboard, wandb, mlflow
+    trackers: tuple[Literal["dvclive", "tensorboard", "wandb", "mlflow"], ...] = ()  # () for older params files
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,8 @@ def set_params(path: str | Path, updates: dict[str, Any]) -> None:
 def _render(value: Any) -> str:
     if isinstance(value, str):
         return value if re.fullmatch(r"[A-Za-z0-9_./-]+", value) else json.dumps(value)
+    if isinstance(value, (list, dict)):  # on the key's own line: flow style ([a, b], {k: v})
+        return yaml.safe_dump(value, default_flow_style=True, width=1_000_000).strip()
     return yaml.safe_dump(value).split("\n")[0]
 
 
@@ -256,6 +258,10 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
     if stale:
         raise RlpipeError(f"the pipeline is not up to date (`dvc status` lists changes in {sorted(stale)}); "
                           "run `dvc repro` first")
+    if params.iterate.trackers:
+        from rlpipe.tracking.forward import check_installed
+
+        check_installed(params.iterate.trackers)
     defining: list[str] = []
     if commit and not _tag_at_head(root, k):
         defining = _check_recordable(root, params_file, allow_experiment=allow_experiment)
@@ -268,6 +274,10 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
     with atomic_path(hist) as tmp:
         tmp.write_text("".join(line + "\n" for line in [*kept, json.dumps(row, sort_keys=True)]))
     write_history_csv(hist, root / params.paths.plots_dir / HISTORY_CSV)  # the same rows as a DVC plot
+    if params.iterate.trackers:  # DVCLive, TensorBoard, W&B, MLflow: before the commit, which holds dvclive/
+        from rlpipe.tracking.forward import forward
+
+        forward(root, params.iterate.trackers, row, root / params.paths.plots_dir / "train_steps.csv")
     if commit and not _tag_at_head(root, k):
         _commit(root, f"rlpipe: iteration {k} (eval accuracy {row['eval_accuracy']})", params, tag=tag_name(k),
                 extra=defining)
@@ -344,7 +354,7 @@ def _check_recordable(root: Path, params_file: str, *, allow_experiment: bool) -
 
 def _commit(root: Path, message: str, params: Params, *, tag: str | None, extra: list[str] = ()) -> None:
     paths = [p for p in ("params.yaml", "dvc.lock", params.paths.metrics_dir, params.paths.plots_dir,
-                         params.paths.history, "state", *extra) if (root / p).exists()]
+                         params.paths.history, "state", "dvclive", *extra) if (root / p).exists()]
     _run(["git", "add", "--", *paths], root)
     _run(["git", "commit", "-q", "--allow-empty", "-m", message], root)
     if tag:

@@ -82,4 +82,5 @@ SMALL_SETTINGS = {
     "train.epochs": 1,
     "train.minibatch_size": 16,
     "train.micro_batch_size": 16,
+    "iterate.trackers": "[dvclive]",
 }

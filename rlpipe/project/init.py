@@ -25,6 +25,9 @@ __pycache__/
 *.pyc
 /.rlpipe/
 /dvc_plots/
+# local logs of the optional trackers (iterate.trackers: tensorboard, mlflow)
+/runs/
+/mlruns/
 """
 DVCIGNORE = """\
 # a .pyc records its source's mtime, which differs on every clone: never part of a stage's inputs

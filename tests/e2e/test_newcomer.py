@@ -55,7 +55,8 @@ def test_newcomer_init_repro_iterate_restore(tmp_path):
     assert "next: `dvc repro`" in iterated.stdout
     assert run(["git", "status", "--porcelain"], root).stdout == ""  # nothing that defined it left out
     committed = run(["git", "show", "--name-only", "--format=", "iteration-0"], root).stdout.split()
-    assert {"dvc.lock", "params.yaml", ".dvc/config", "artifacts/score/.gitignore"} <= set(committed)
+    assert {"dvc.lock", "params.yaml", ".dvc/config", "artifacts/score/.gitignore",
+            "dvclive/iterations/metrics.json"} <= set(committed)  # iterate.trackers: [dvclive]
     run(["dvc", "push"], root)
 
     clone = tmp_path / "clone"
