@@ -136,6 +136,7 @@ def _load_function(name: str, module_name: str, attribute: str, path: Path | Non
         sys.path.insert(0, str(path))
     try:
         sys.modules.pop(module_name, None)
+        importlib.invalidate_caches()  # a module written moments ago (a test, a script) must be found
         module = importlib.import_module(module_name)
     except ImportError as e:
         where = f"in {path}" if path is not None else "installed, nor in the current directory"

@@ -48,17 +48,15 @@ def iteration_files(root: Path, lock_file: str = "dvc.lock") -> tuple[list[str],
     outs = {o["path"] for s in stages.values() for o in s.get("outs") or []}
     deps = sorted({d["path"] for s in stages.values() for d in s.get("deps") or []})
     commit = [f for f in PIPELINE_FILES if (root / f).exists()]
-    lost = []
-    for dep in deps:
-        if PurePosixPath(dep).is_absolute() or ".." in PurePosixPath(dep).parts or _inside(dep, outs):
-            continue  # outside the project (cannot be committed), or written by a stage
-        pointer = _dvc_pointer(root, dep)
-        if pointer is not None:
-            commit.append(pointer)
-        elif _git(root, "check-ignore", "-q", "--", dep).returncode == 0:
-            lost.append(dep)
-        elif (root / dep).exists():
-            commit.append(dep)
+    inputs = [d for d in deps if not (PurePosixPath(d).is_absolute() or ".." in PurePosixPath(d).parts
+                                      or _inside(d, outs))]  # outside the project, or written by a stage: skipped
+    pointers = {d: _dvc_pointer(root, d) for d in inputs}
+    in_git = [d for d in inputs if pointers[d] is None]
+    ignored = set(subprocess.run(["git", "check-ignore", "--stdin"], cwd=root, input="\n".join(in_git),
+                                 capture_output=True, text=True).stdout.splitlines()) if in_git else set()
+    lost = [d for d in in_git if d in ignored]
+    commit += [p for p in pointers.values() if p is not None]
+    commit += [d for d in in_git if d not in ignored and (root / d).exists()]
     others = _git(root, "ls-files", "--others", "--modified", "--exclude-standard").stdout.splitlines()
     commit += [f for f in others if PurePosixPath(f).name == ".gitignore"]  # DVC's, beside each output
     return sorted(set(commit)), lost
