@@ -75,7 +75,7 @@ def newcomer_inputs(where: Path) -> dict[str, Path]:
 
 SMALL_SETTINGS = {
     "prepare.max_prompt_tokens": 32,
-    "generate.prompts_per_iteration": 8,
+    "generate.prompts_per_iteration": 32,  # more than the 24 train prompts: every one is used, with a warning
     "generate.group_size": 4,
     "generate.max_new_tokens": 6,
     "evaluate.max_new_tokens": 6,

@@ -36,6 +36,8 @@ def test_newcomer_init_repro_iterate_restore(tmp_path):
 
     first = run(["dvc", "repro"], root)
     assert ran_stages(first.stdout) == STAGES
+    assert "generate.prompts_per_iteration is 32 but" in first.stderr and "holds 24 prompts" in first.stderr
+    assert "next: `rlpipe inspect . --show 4`" in first.stderr  # the evaluate stage's hint
     prompts = read_artifact(root / "artifacts/prepare/train_prompts.parquet", PROMPTS).frame
     meta = json.loads(prompts["metadata"][0])
     assert meta["prompt"] == f"reverse: {meta['word']}"  # the file's raw prompt and every column
