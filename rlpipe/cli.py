@@ -54,7 +54,8 @@ def init(directory: str = typer.Argument(..., help="the new project's directory 
          eval_: str = typer.Option(..., "--eval", help="held-out prompts, the same formats"),
          reward: Optional[List[str]] = typer.Option(None, "--reward", help="module:function of a reward whose "
                                                     "module sits in the current directory (copied into the "
-                                                    "project); repeatable. Default: exact_answer + digit_match"),
+                                                    "project), or a built-in's name; repeatable. Default: "
+                                                    "exact_answer + digit_match"),
          prompt_column: str = typer.Option("prompt", help="the prompt column of the files"),
          answer_column: str = typer.Option("answer", help="the ground-truth column ('' = none)"),
          chat_template: str = typer.Option("auto", help="auto (the tokenizer's template when it has one), on, off"),

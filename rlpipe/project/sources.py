@@ -90,22 +90,28 @@ class UserReward:
 
 def import_reward(name: str, project: Path, *, columns: list[str], source_dir: Path | None = None) -> UserReward:
     """Find ``module:function`` in ``source_dir`` (default: the current directory), copy its module into the
-    project root and list its options.
+    project root and list its options; a built-in reward name lists its options only.
 
     A module that is not in that directory but importable (installed) is used where it is and not copied.
     ``columns``: the prompt file's columns, which a TRL-style function receives as arguments, not options.
     """
+    from rlpipe.rewards.functions import REWARD_FUNCTIONS
     from rlpipe.rewards.registry import is_batch_reward
     from rlpipe.rewards.trl_style import TRL_ARGUMENTS, is_trl_reward
 
     module_name, _, attribute = name.partition(":")
-    if not module_name or not attribute:
-        raise ConfigError(f"--reward {name!r}: name a function as module:function (e.g. myrewards:brevity)")
-    source_dir = Path(source_dir or os.getcwd()).resolve()
-    top = module_name.split(".")[0]
-    candidates = [source_dir / f"{top}.py", source_dir / top]
-    local = next((c for c in candidates if c.is_file() or (c.is_dir() and (c / "__init__.py").is_file())), None)
-    fn = _load_function(name, module_name, attribute, source_dir if local else None)
+    local = None
+    if name in REWARD_FUNCTIONS:  # a built-in (exact_answer, format_regex, ...): options only, nothing to copy
+        fn = REWARD_FUNCTIONS[name]
+    elif not module_name or not attribute:
+        raise ConfigError(f"--reward {name!r}: name a built-in ({', '.join(sorted(REWARD_FUNCTIONS))}) or a "
+                          "function as module:function (e.g. myrewards:brevity)")
+    else:
+        source_dir = Path(source_dir or os.getcwd()).resolve()
+        top = module_name.split(".")[0]
+        candidates = [source_dir / f"{top}.py", source_dir / top]
+        local = next((c for c in candidates if c.is_file() or (c.is_dir() and (c / "__init__.py").is_file())), None)
+        fn = _load_function(name, module_name, attribute, source_dir if local else None)
     files: tuple[str, ...] = ()
     if local is not None:
         dest = project / local.name

@@ -133,3 +133,9 @@ def test_git_and_dvc_initialised_with_the_inputs_tracked_by_dvc(inputs, tmp_path
     status = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
     assert status == ""
     assert json.loads((root / MODEL_DIR / "config.json").read_text()) == {}
+
+
+def test_a_built_in_reward_by_name_lists_its_options(inputs, tmp_path):
+    report = make(inputs, tmp_path / "p", rewards=["format_regex", "myrewards:brevity"])
+    assert [r.name for r in report.rewards] == ["format_regex", "myrewards:brevity"]
+    assert report.rewards[0].options == {"pattern": UNSET_OPTION, "mode": UNSET_OPTION} and not report.rewards[0].files
