@@ -79,30 +79,8 @@ def engine_metrics(engine: Any) -> dict[str, Any]:
     return {"engine_server": True, "engine_server_seconds": timings}
 
 
-# The numbers `dvc metrics show` prints (one short table): per stage, the keys of its metrics file that
-# say whether an iteration went well, plus its wall time. Everything else stays in metrics/<stage>.json.
-HEADLINE = {
-    "generate": ("length_mean", "truncation_rate"),
-    "score": ("reward_mean", "accuracy"),
-    "train": ("kl_ref", "clip_fraction"),
-    "evaluate": ("accuracy", "reward_mean"),
-}
-HEADLINE_DIR = "headline"
-
-
-def headline_path(path: str | Path) -> Path:
-    """``metrics/<stage>.json`` -> ``metrics/headline/<stage>.json`` (what dvc.yaml declares as DVC metrics)."""
-    return Path(path).parent / HEADLINE_DIR / Path(path).name
-
-
 def write_metrics(path: str | Path, stage: str, metrics: dict[str, Any], timer: PhaseTimer) -> None:
-    """The stage's metrics file (every number), and beside it, in ``headline/``, its `HEADLINE` numbers."""
-    seconds = timer.report()
-    full = _no_negative_zero({"stage": stage, **metrics, "seconds": seconds})
-    write_json(path, full)
-    headline = headline_path(path)
-    headline.parent.mkdir(parents=True, exist_ok=True)
-    write_json(headline, {**{k: full.get(k) for k in HEADLINE.get(stage, ())}, "seconds": seconds["total"]})
+    write_json(path, _no_negative_zero({"stage": stage, **metrics, "seconds": timer.report()}))
 
 
 def stage_main(stage: str) -> Callable[[Callable[..., None]], Callable[..., None]]:

@@ -44,10 +44,6 @@ def test_newcomer_init_repro_iterate_restore(tmp_path):
     assert prompts["prompt"][0].startswith("<|user|>reverse: ")  # the tokenizer's chat template applied
     assert "reward_reverse_reward" in read_artifact(root / "artifacts/score/scores.parquet", SCORES).frame.columns
 
-    shown = json.loads(run(["dvc", "metrics", "show", "--json"], root).stdout)
-    headline = next(iter(shown.values()))["data"]
-    assert set(headline) == {f"metrics/headline/{s}.json" for s in STAGES}  # one short table, no tiny model
-
     params.write_text(params.read_text().replace("partial_credit: 0.0", "partial_credit: 0.5"))
     again = run(["dvc", "repro"], root)
     assert ran_stages(again.stdout) == ["score", "advantage", "train", "evaluate"]

@@ -9,7 +9,6 @@ import pytest
 
 from rlpipe.io import read_json
 from tests.e2e.conftest import run
-from tests.e2e.test_pipeline import STAGES
 from tests.test_docs import doc_test_blocks
 
 pytestmark = pytest.mark.slow
@@ -75,14 +74,9 @@ def test_metrics_plots_and_diff_after_iterate(project_copy):
     shown = json.loads(run(["dvc", "metrics", "show", "--json"], root).stdout)
     assert len(shown) == 1  # the workspace (its key is "" or "workspace", depending on the DVC version)
     workspace = next(iter(shown.values()))["data"]
-    assert set(workspace) == {f"metrics/headline/{s}.json" for s in STAGES}  # the headline table only
-    evaluate = workspace["metrics/headline/evaluate.json"]["data"]
-    assert evaluate == {"accuracy": read_json(root / "metrics/evaluate.json")["accuracy"],
-                        "reward_mean": read_json(root / "metrics/evaluate.json")["reward_mean"],
-                        "seconds": read_json(root / "metrics/evaluate.json")["seconds"]["total"]}
-    columns = {key for entry in workspace.values() for key in entry["data"]}
-    assert columns == {"accuracy", "reward_mean", "length_mean", "truncation_rate", "kl_ref", "clip_fraction",
-                       "seconds"}
+    assert {f"metrics/{s}.json" for s in ("generate", "score", "train", "evaluate")} <= set(workspace)
+    evaluate = workspace["metrics/evaluate.json"]["data"]
+    assert "accuracy" in evaluate and "total" in evaluate["seconds"]
     assert json.loads(run(["dvc", "metrics", "diff", "iteration-0", "--all", "--json"], root).stdout) is not None
 
     plots = json.loads(run(["dvc", "plots", "show", "--json"], root).stdout)
@@ -103,10 +97,10 @@ def test_metrics_plots_and_diff_after_iterate(project_copy):
     assert data["flips"]["examples_wrong_to_right"] == []
     accuracy_row = next(m for m in data["metrics"] if m["metric"] == "eval accuracy")
     assert accuracy_row["delta"] == 0.0 and accuracy_row["change"] == "same"
-    changed = {p["key"]: (p["a"], p["b"]) for p in data["params"]}  # what `rlpipe iterate` moved on
-    assert changed == {"iteration": (0, 1), "policy.version": (0, 1),
-                       "policy.path": ("artifacts/prepare/model", "state/policy"),
-                       "policy.latest_path": ("artifacts/prepare/model", "state/policy")}
+    assert data["params"] == [{"key": "iteration", "a": 0, "b": 1},
+                              {"key": "policy.path", "a": "artifacts/prepare/model", "b": "state/policy"},
+                              {"key": "policy.version", "a": 0, "b": 1},
+                              {"key": "policy.latest_path", "a": "artifacts/prepare/model", "b": "state/policy"}]
     assert "eval accuracy" in run(["rlpipe", "diff", "0", "."], root).stdout
     # the tag's eval rollouts through DVC, as diff's per-prompt commands read them
     old = json.loads(run(["rlpipe", "inspect", ".", "--rev", "0", "--eval", "--prompt-id", "3", "--json"], root).stdout)
@@ -131,14 +125,14 @@ def test_exp_run_sweeps_a_param_and_exp_show_lists_the_metrics(project_copy):
     proc = run(["bash", "-euo", "pipefail", "-c", code], root)
     assert "Running stage 'train'" in proc.stdout and "Running stage 'generate'" not in proc.stdout
     assert "Running stage 'evaluate'" in proc.stdout
-    assert "metrics/headline/evaluate.json:accuracy" in proc.stdout and "5e-05" in proc.stdout  # the doc's table
+    assert "metrics/evaluate.json:accuracy" in proc.stdout and "5e-05" in proc.stdout  # the doc's exp show table
     shown = json.loads(run(["dvc", "exp", "show", "--json"], root).stdout)
     exps = [e for base in shown for e in (base.get("experiments") or [])]
     assert len(exps) == 1
     data = exps[0]["revs"][0]["data"]
     assert data["params"]["params.yaml"]["data"]["train"]["lr"] == 5e-5
     metrics = data["metrics"]
-    assert set(metrics["metrics/headline/evaluate.json"]["data"]) == {"accuracy", "reward_mean", "seconds"}
-    assert set(metrics["metrics/headline/train.json"]["data"]) == {"kl_ref", "clip_fraction", "seconds"}
+    assert set(metrics["metrics/evaluate.json"]["data"]) >= {"accuracy", "reward_mean"}
+    assert set(metrics["metrics/train.json"]["data"]) >= {"kl_ref", "clip_fraction", "approx_kl_old"}
     refused = run(["rlpipe", "iterate"], root, check=False)  # the workspace holds the experiment's results
     assert refused.returncode == 2 and "left by `dvc exp run` or `dvc exp apply`" in refused.stderr
