@@ -139,3 +139,21 @@ def test_a_built_in_reward_by_name_lists_its_options(inputs, tmp_path):
     report = make(inputs, tmp_path / "p", rewards=["format_regex", "myrewards:brevity"])
     assert [r.name for r in report.rewards] == ["format_regex", "myrewards:brevity"]
     assert report.rewards[0].options == {"pattern": UNSET_OPTION, "mode": UNSET_OPTION} and not report.rewards[0].files
+
+
+def test_cli_init_and_version(inputs, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rlpipe.cli import app
+
+    monkeypatch.chdir(inputs)  # where the reward module sits
+    result = CliRunner().invoke(app, ["init", str(tmp_path / "p"), "--model", "model", "--train", "train.jsonl",
+                                      "--eval", "eval.parquet", "--prompt-column", "question", "--answer-column",
+                                      "solution", "--reward", "myrewards:brevity", "--set", "generate.group_size=3",
+                                      "--set", "iterate.trackers=[dvclive]"])
+    assert result.exit_code == 0, result.output
+    assert "myrewards:brevity: target_tokens" in result.output and "dvc repro" in result.output
+    raw = yaml.safe_load((tmp_path / "p" / "params.yaml").read_text())
+    assert raw["generate"]["group_size"] == 3 and raw["iterate"]["trackers"] == ["dvclive"]
+    version = CliRunner().invoke(app, ["--version"])
+    assert version.exit_code == 0 and version.output.startswith("rlpipe ")
