@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from rlpipe.config import UNSET_OPTION, load_params
 from rlpipe.errors import ConfigError
+from rlpipe.io import read_table_file
 from rlpipe.project import pipeline, sources
 
 MODEL_DIR = "models/base"
@@ -47,8 +49,6 @@ class InitReport:
 
     @property
     def unset_options(self) -> list[str]:
-        from rlpipe.config import UNSET_OPTION
-
         return [f"{r.name}: {k}" for r in self.rewards for k, v in r.options.items() if v == UNSET_OPTION]
 
 
@@ -75,16 +75,21 @@ def init_project(dest: str | Path, *, model: str | Path, train: str | Path, eval
     template = pipeline.template_root()
     root.mkdir(parents=True, exist_ok=True)
     try:
-        return _fill(root, template, model=model, train=train, eval_=eval_, rewards=rewards,
-                     prompt_column=prompt_column, answer_column=answer_column, chat_template=chat_template,
-                     device=device, settings=settings or {}, git=git, reward_source=reward_source)
+        report = _fill(root, template, model=model, train=train, eval_=eval_, rewards=rewards,
+                       prompt_column=prompt_column, answer_column=answer_column, chat_template=chat_template,
+                       device=device, settings=settings or {}, reward_source=reward_source)
+        if git:
+            _git_and_dvc(root, [MODEL_DIR, DATA_DIR])
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)  # never leave half a project behind
         raise
+    if git:  # after the clean-up window: a missing git identity must not cost the finished project
+        _first_commit(root)
+    return report
 
 
 def _fill(root: Path, template: Path, *, model, train, eval_, rewards, prompt_column, answer_column,
-          chat_template, device, settings, git, reward_source) -> InitReport:
+          chat_template, device, settings, reward_source) -> InitReport:
     (root / DATA_DIR).mkdir()
     files = {split: sources.import_prompt_file(src, root / DATA_DIR, split)
              for split, src in (("train", train), ("eval", eval_))}
@@ -102,21 +107,13 @@ def _fill(root: Path, template: Path, *, model, train, eval_, rewards, prompt_co
                             answer_column=answer_column, chat_template=chat_template, device=device,
                             rewards=user_rewards, settings=settings, work=root)
     (root / ".gitignore").write_text(GITIGNORE)
-    from rlpipe.config import load_params
-
     if not _unset(user_rewards):
         load_params(root / "params.yaml")  # the written file passes the strict loader (unless options wait)
-    if git:
-        _git_and_dvc(root, [MODEL_DIR, *(f.relative_to(root).as_posix() for f in files.values())])
-    from rlpipe.io import read_table_file
-
     return InitReport(root=root, rewards=user_rewards, num_train=read_table_file(files["train"]).height,
                       num_eval=read_table_file(files["eval"]).height)
 
 
 def _unset(rewards: Sequence[sources.UserReward]) -> bool:
-    from rlpipe.config import UNSET_OPTION
-
     return any(v == UNSET_OPTION for r in rewards for v in r.options.values())
 
 
@@ -128,11 +125,19 @@ def _run(cmd: list[str], root: Path) -> None:
 
 
 def _git_and_dvc(root: Path, tracked: list[str]) -> None:
-    """git init, dvc init, `dvc add` the model and prompt files, one first commit."""
+    """git init, dvc init, `dvc add` the model and the prompt files (each file of data/ on its own)."""
     _run(["git", "init", "-q"], root)
     _run(["dvc", "init", "-q"], root)
     (root / ".dvcignore").write_text(DVCIGNORE)
     _run(["dvc", "config", "core.analytics", "false"], root)
-    _run(["dvc", "add", "-q", *tracked], root)
+    files = [t for t in tracked if t != DATA_DIR] + sorted(f"{DATA_DIR}/{p.name}" for p in (root / DATA_DIR).iterdir())
+    _run(["dvc", "add", "-q", *files], root)
     _run(["git", "add", "-A"], root)
-    _run(["git", "commit", "-q", "-m", "rlpipe init: the project (model and prompt files tracked by DVC)"], root)
+
+
+def _first_commit(root: Path) -> None:
+    try:
+        _run(["git", "commit", "-q", "-m", "rlpipe init: the project (model and prompt files tracked by DVC)"], root)
+    except ConfigError as e:
+        raise ConfigError(f"the project is written, but its first commit failed ({e}); fix that (often: "
+                          f"`git config --global user.email ...`), then `git -C {root} commit -m init`") from None
