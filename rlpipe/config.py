@@ -283,6 +283,7 @@ class TrainConfig:
 @dataclass(frozen=True)
 class RewardModelConfig:
     """The train_reward_model stage: a Bradley-Terry scalar-head model on (prompt, chosen, rejected) pairs."""
+    train: bool  # false: the stage writes a placeholder (no torch work) -- no configured reward reads a trained RM
     init: str  # causal-LM dir whose body the reward model starts from
     epochs: int
     batch_size: int  # pairs per optimizer step

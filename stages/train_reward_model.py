@@ -6,9 +6,10 @@
 Starts from the body of --init (a causal-LM directory, usually the policy or SFT model, so that it
 shares the policy's tokenizer) plus a fresh seeded scalar head, or from a saved reward model to
 continue training; writes a scalar-head model directory that the `reward_model` reward loads.
-An empty preference table (no preference data) writes a placeholder directory holding only
-rlpipe.json ``{"kind": "none", "reason": ...}``: the stage succeeds, and the `reward_model` reward
-fails with that reason if someone configures it. See docs/reward-model.md.
+With ``reward_model.train: false`` (the default: no built-in reward but `reward_model` reads it) or an
+empty preference table, it writes a placeholder directory holding only rlpipe.json
+``{"kind": "none", "reason": ...}``: the stage succeeds in a fraction of a second, and the
+`reward_model` reward fails with that reason if someone configures it. See docs/reward-model.md.
 """
 import rlpipe.stage as stage  # first: starts the stage clock
 
@@ -42,8 +43,12 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         setup_torch(p.torch_threads, p.seed)
     with timer.phase("read"):
         prefs = read_artifact(preferences, PREFERENCES)
-    if prefs.frame.height == 0:
+    reason = None
+    if not cfg.train:  # why: a fresh project would otherwise train a model that no configured reward reads
+        reason = f"{params}: reward_model.train is false (set it to true to train a reward model on {preferences})"
+    elif prefs.frame.height == 0:
         reason = f"{preferences} has no preference pairs (prepare.files.preferences is null)"
+    if reason is not None:
         with timer.phase("write"):
             write_placeholder(out, reason=reason)
         stage.write_metrics(metrics, "train_reward_model", {"kind": "none", "reason": reason, "num_pairs": 0}, timer)

@@ -226,9 +226,9 @@ def stage_app():
     return module.app
 
 
-def run_stage(tmp_path, prefs_frame, init, out):
+def run_stage(tmp_path, prefs_frame, init, out, *, train: bool = True):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["reward_model"].update(epochs=2, batch_size=32, lr=3e-3, eval_fraction=0.25)
+    params["reward_model"].update(train=train, epochs=2, batch_size=32, lr=3e-3, eval_fraction=0.25)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     write_artifact(prefs_frame, tmp_path / "prefs.parquet", PREFERENCES, metadata={"source": "test"})
     args = ["--params", tmp_path / "params.yaml", "--preferences", tmp_path / "prefs.parquet", "--init", init,
@@ -250,6 +250,18 @@ def test_stage_trains_a_reward_model_deterministically(lm_dir, prefs, tmp_path):
     assert code == 0, out
     assert first == {f: (tmp_path / "rm" / f).read_bytes() for f in first}
     assert load_file(str(tmp_path / "rm/scalar_head.safetensors"))["weight"].shape == (1, SMALL["hidden_size"])
+
+
+def test_stage_with_training_off_writes_a_placeholder_without_loading_a_model(prefs, tmp_path):
+    """reward_model.train: false (the default): no torch work, whatever the preferences hold."""
+    code, out = run_stage(tmp_path, prefs, "/init/is/not/needed", tmp_path / "rm", train=False)
+    assert code == 0, out
+    assert [p.name for p in (tmp_path / "rm").iterdir()] == ["rlpipe.json"]
+    info = json.loads((tmp_path / "rm/rlpipe.json").read_text())
+    assert info["kind"] == "none" and "reward_model.train is false" in info["reason"]
+    assert read_json(tmp_path / "metrics.json")["num_pairs"] == 0
+    with pytest.raises(ArtifactError, match=r"no reward model was trained .*reward_model\.train is false"):
+        score_rows(rollout_rows(prefs, 2), score_cfg(tmp_path / "rm"))
 
 
 def test_stage_without_preferences_writes_a_placeholder_the_reward_refuses(prefs, tmp_path):

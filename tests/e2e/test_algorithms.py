@@ -36,7 +36,7 @@ VARIANTS = {
     "ppo": {"advantage.estimator": "gae", "train.loss_aggregation": "token-mean"},
     # RLHF: the reward is the trained Bradley-Terry model's score; exact_answer stays at weight 0 for accuracy
     "ppo_reward_model": {
-        "advantage.estimator": "gae", "train.loss_aggregation": "token-mean",
+        "advantage.estimator": "gae", "train.loss_aggregation": "token-mean", "reward_model.train": True,
         "score.rewards": [
             {"name": "reward_model", "weight": 1.0,
              "options": {"path": "artifacts/train_reward_model/model", "device": "cpu", "dtype": "float32",
@@ -61,8 +61,9 @@ def test_every_algorithm_runs_one_iteration(project_copy):
         edit_params(root / "params.yaml", updates)
         out = run(["dvc", "repro"], root).stdout
         ran = ran_stages(out)
-        assert not {"prepare", "generate", "reference_logprob", "train_reward_model"} & set(ran), (name, ran)
-        assert ("score" in ran) == (name == "ppo_reward_model"), (name, ran)
+        assert not {"prepare", "generate", "reference_logprob"} & set(ran), (name, ran)
+        # only the RLHF variant trains the reward model (reward_model.train) and scores with it
+        assert ("train_reward_model" in ran) == ("score" in ran) == (name == "ppo_reward_model"), (name, ran)
         # advantage may come from DVC's run cache (gspo, deepseek_v32 keep GRPO's advantage params)
         assert {"train", "evaluate"} <= set(ran), (name, ran)
         train, adv = metrics(root, "train"), metrics(root, "advantage")
@@ -85,6 +86,7 @@ def test_every_algorithm_runs_one_iteration(project_copy):
         if name == "ppo_reward_model":  # the reward is the model's score, not the rule's
             scores = metrics(root, "score")
             assert "reward_model" in json.dumps(scores) and scores["reward_mean"] != 0.0
+            assert metrics(root, "train_reward_model")["kind"] == "bradley_terry"
         if ppo:
             assert {"value_loss", "explained_variance", "value_clip_fraction"} <= set(train)
             assert metrics(root, "values")["critic"] is True

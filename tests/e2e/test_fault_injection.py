@@ -148,6 +148,10 @@ def test_kill_9_at_random_points_leaves_no_partial_output(project_copy, stage):
     """Two seeded kill times per stage: every output is absent or complete, and a rerun gives the same bytes."""
     root = project_copy
     words = shlex.split(stage_commands(root / "dvc.yaml", root / "params.yaml")[stage])
+    if stage == "train_reward_model":  # by default a placeholder, written at once: kill a real training run
+        edit_params(root / "params.yaml", {"reward_model.train": True})
+        trained = subprocess.run([sys.executable, *words[1:]], cwd=root, env=env(), capture_output=True, text=True)
+        assert trained.returncode == 0, trained.stderr
     options = dict(zip(words[2::2], words[3::2]))
     # --preferences is prepare's output but train_reward_model's input
     outs = [root / v for k, v in options.items()
