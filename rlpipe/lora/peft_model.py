@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,8 @@ import torch
 from rlpipe.config import LoraConfig
 from rlpipe.errors import ArtifactError, ConfigError
 from rlpipe.io import CHECKPOINT_INFO, atomic_path
-from rlpipe.lora.adapter import ADAPTER_CONFIG, adapter_config, adapter_record, checked_base
+from rlpipe.lora.adapter import (ADAPTER_CONFIG, adapter_config, adapter_info, adapter_record, checked_base,
+                                 is_adapter_dir, model_hash)
 
 ALL_LINEAR = "all-linear"
 
@@ -114,6 +116,48 @@ def load_adapter_model(path: str | os.PathLike, *, device: str, dtype: str, trai
     except (OSError, ValueError, KeyError) as e:
         raise ArtifactError(f"{path}: could not load the LoRA adapter over {base_path}: {e}") from None
     return peft_model.to(device)
+
+
+@dataclass
+class LoraStart:
+    """What train trains with ``train.lora``: the PEFT model and the base the adapter belongs to."""
+    peft_model: Any
+    base_path: Path
+    base_hash: str
+    continued: bool  # True: the start policy was an adapter, trained further; False: a fresh adapter
+
+    def metrics(self) -> dict[str, Any]:
+        params = list(self.peft_model.parameters())
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        return {"base_model_path": str(self.base_path), "continued": self.continued,
+                "trainable_parameters": int(trainable), "total_parameters": int(sum(p.numel() for p in params))}
+
+
+def lora_for_training(policy: str | os.PathLike, lora: LoraConfig, *, device: str,
+                      replaced: list[str | os.PathLike]) -> LoraStart:
+    """The model train optimises with ``train.lora``: the adapter ``policy`` is, continued (its shape must be
+    ``lora``'s), or a fresh adapter over the model directory ``policy``, which becomes the base.
+
+    ``replaced``: paths the pipeline overwrites every iteration (the checkpoint, state/, the overlap
+    store); a base there would vanish under its adapter, so it is refused. The base is loaded from its
+    top-level weights, the ones generate and reference_logprob read (not a float32 ``master/`` copy).
+    """
+    if is_adapter_dir(policy):
+        check_adapter_matches(policy, lora)
+        info = adapter_info(policy)
+        peft_model = load_adapter_model(policy, device=device, dtype="float32", trainable=True)
+        return LoraStart(peft_model, Path(info["base_model_path"]), info["base_model_hash"], continued=True)
+    here = Path(policy).resolve()
+    for path in replaced:
+        r = Path(path).resolve()
+        if here == r or r in here.parents:
+            raise ConfigError(f"train.lora: the start model {policy} (policy.latest_path) would become the adapter's "
+                              f"base, but {path} is replaced every iteration; copy it where it stays (e.g. "
+                              f"models/base) and point policy.path and policy.latest_path there")
+    from rlpipe.models import load_model
+
+    model = load_model(policy, device=device, dtype="float32")
+    return LoraStart(wrap_for_training(model, lora), Path(policy), model_hash(policy), continued=False)
 
 
 def dropout_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
