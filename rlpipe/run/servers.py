@@ -46,6 +46,8 @@ def engine_server_args(root: Path, params: Params) -> list[str]:
     g = params.generate
     settings = engine_settings(choose_engine(g), device=g.device, dtype=g.dtype, batch_size=g.batch_size, vllm=g.vllm)
     args = ["--settings", json.dumps(settings), "--model", str(root / params.policy.path)]
+    if params.train.lora.enabled:  # room for the adapters train will write, from the first engine start on
+        args += ["--max-lora-rank", str(params.train.lora.rank)]
     return args + (["--sleep"] if params.worker.engine_sleep else [])
 
 

@@ -118,3 +118,15 @@ def test_a_tied_head_needs_both_flags_alike(tmp_path, monkeypatch):
     build_base(tmp_path / "tied", tie=True)
     with pytest.raises(ConfigError, match="train.lora.train_lm_head: the model ties its LM head"):
         wrap_for_training(load_model("tied", device="cpu", dtype="float32"), lora(train_lm_head=True))
+
+
+def test_a_scalar_head_model_starts_from_an_adapters_merged_body(project):
+    """The PPO critic and the reward model accept an adapter as their start: the body is base + adapter."""
+    from rlpipe.value_model import load_scalar_model
+
+    peft_model = trained_adapter()
+    scalar = load_scalar_model("ckpt", seed=0, device="cpu")
+    with torch.no_grad():
+        hidden = scalar.body(input_ids=IDS).last_hidden_state
+        expected = peft_model.get_base_model().model(input_ids=IDS).last_hidden_state
+    assert torch.allclose(hidden, expected, atol=1e-5)
