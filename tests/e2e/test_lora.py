@@ -1,0 +1,71 @@
+"""End to end with train.lora: `dvc repro` writes an adapter checkpoint, `rlpipe iterate` carries it into
+state/policy (and, on a refresh, state/reference), and the next iteration samples, references and trains
+through it; a LoRA variant of a finished full fine-tuning iteration re-runs only train and evaluate."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlpipe.io import read_json
+from tests.e2e.conftest import make_project, run
+from tests.e2e.test_pipeline import ran_stages
+
+pytestmark = pytest.mark.slow
+
+LORA = {"train.lora.rank": 4, "train.lora.alpha": 8.0, "train.lr": 1.0e-3, "reference.refresh_every": 1}
+ADAPTER_FILES = ["adapter_config.json", "adapter_model.safetensors", "rlpipe.json"]
+
+
+@pytest.fixture(scope="module")
+def lora_project(tmp_path_factory):
+    root = make_project(tmp_path_factory.mktemp("lora"), LORA)
+    first = run(["dvc", "repro"], root)
+    (root / "first_repro.log").write_text(first.stdout + first.stderr)
+    return root
+
+
+def test_repro_writes_an_adapter_checkpoint_over_the_prepared_base(lora_project):
+    root = lora_project
+    assert "Running stage 'evaluate'" in (root / "first_repro.log").read_text()
+    ckpt = root / "artifacts/train/checkpoint"
+    assert sorted(p.name for p in ckpt.iterdir()) == ADAPTER_FILES
+    info = json.loads((ckpt / "rlpipe.json").read_text())
+    assert (info["kind"], info["policy_version"], info["base_model_path"]) == ("lora", 1, "artifacts/prepare/model")
+    base_bytes = (root / "artifacts/prepare/model/model.safetensors").stat().st_size
+    assert (ckpt / "adapter_model.safetensors").stat().st_size < base_bytes / 2
+    train = read_json(root / "metrics/train.json")
+    assert train["lora"]["continued"] is False and 0 < train["lora"]["trainable_parameters"] < train["lora"][
+        "total_parameters"]
+    assert train["sampler_check"] == "passed" and train["checkpoint_dtype"] == "float32"
+    assert train["logprob_change_mean"] != 0.0  # the adapter moved
+    assert 0.0 <= read_json(root / "metrics/evaluate.json")["accuracy"] <= 1.0
+
+
+def test_iterate_carries_the_adapter_and_the_next_iteration_runs_through_it(lora_project):
+    root = lora_project
+    run(["rlpipe", "iterate"], root)
+    from rlpipe.config import load_params
+
+    params = load_params(root / "params.yaml")
+    assert (params.policy.path, params.reference.path) == ("state/policy", "state/reference")
+    for state in ("state/policy", "state/reference"):
+        assert sorted(p.name for p in (root / state).iterdir()) == ADAPTER_FILES, state
+    proc = run(["dvc", "repro"], root)
+    assert ran_stages(proc.stdout) == ["generate", "score", "reference_logprob", "values", "advantage", "train",
+                                       "evaluate"]
+    # the adapter reached the sampler: the trainer's log pi_old (base + adapter v1) equals the sampler's
+    train = read_json(root / "metrics/train.json")
+    assert train["sampler_check"] == "passed" and train["sampler_mismatch_max_abs"] < 1e-4
+    assert train["lora"]["continued"] is True and train["policy_version_out"] == 2
+    # ... and the reference: after the refresh it is the same adapter, so its log-probs are the sampler's
+    assert read_json(root / "metrics/reference_logprob.json")["kl_sampler_ref_k1"] == pytest.approx(0.0, abs=1e-5)
+    assert json.loads((root / "artifacts/train/checkpoint/rlpipe.json").read_text())["policy_version"] == 2
+
+
+def test_a_lora_variant_reruns_only_train_and_evaluate(project_copy):
+    """`dvc exp run -S train.lora.rank=4` on a finished full fine-tuning iteration: generation and the
+    reference come from the cache; train writes an adapter over the same start model."""
+    proc = run(["dvc", "exp", "run", "-S", "train.lora.rank=4"], project_copy)
+    assert ran_stages(proc.stdout) == ["train", "evaluate"]
+    assert (project_copy / "artifacts/train/checkpoint/adapter_config.json").is_file()
