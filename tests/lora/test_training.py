@@ -162,3 +162,49 @@ def test_sampler_log_probs_of_the_adapter_match_the_trainer_to_float_noise(proje
     with pytest.raises(TrainingError, match=r"train.max_sampler_mismatch: the rollouts' sampler log-probs differ "
                                             r"from the trainer's log pi_old by [\d.e-]+ on average"):
         mismatch(BASE)  # the adapter never reached the sampler: it sampled the base
+
+
+def lora_grads(cfg, d, *, checkpointing: bool, compiled: bool = False, device: str = "cpu"):
+    """The adapter's gradient of one micro-batch loss on ``d`` (old log-probs = ref, so ratios start at 1)."""
+    from rlpipe.engines.logprobs import compile_decoder_layers, enable_gradient_checkpointing
+    from rlpipe.training.objective import Normalisers, micro_batch_loss
+
+    torch.manual_seed(0)
+    start = lora_for_training(BASE, cfg.lora, device=device, replaced=[])
+    model = start.peft_model.get_base_model()
+    if checkpointing:
+        enable_gradient_checkpointing(model)
+    if compiled:
+        compile_decoder_layers(model)
+    model.eval()
+    d.old_logprobs = [x - 0.05 for x in d.ref_logprobs]
+    lengths = [len(c) for c in d.completion_token_ids]
+    loss, _ = micro_batch_loss(model, None, d, list(range(len(lengths))), dataclasses.replace(cfg, device=device),
+                               temperature=1.0, pad_token_id=0,
+                               norm_for=lambda mask: Normalisers(sum(lengths), len(lengths), 5))
+    loss.backward()
+    return {n: p.grad.detach().cpu() for n, p in start.peft_model.named_parameters() if p.requires_grad}
+
+
+def test_gradient_checkpointing_gives_the_same_adapter_gradients(project):
+    cfg = lora_config()
+    d = sampled_data(load_model(BASE, device="cpu", dtype="float32"))
+    plain = lora_grads(cfg, d, checkpointing=False)
+    checkpointed = lora_grads(cfg, d, checkpointing=True)
+    assert plain.keys() == checkpointed.keys() and any(g.abs().sum() > 0 for g in plain.values())
+    for n in plain:
+        torch.testing.assert_close(checkpointed[n], plain[n], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_compiled_layers_and_checkpointing_with_lora_on_cuda(project):
+    """Packed log-probs, compiled decoder layers and gradient checkpointing on a LoRA model (CUDA) give the
+    eager CPU gradients of the adapter to float32 tolerance."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cfg = lora_config()
+    d = sampled_data(load_model(BASE, device="cpu", dtype="float32"))
+    cpu = lora_grads(cfg, d, checkpointing=False)
+    cuda = lora_grads(cfg, d, checkpointing=True, compiled=True, device="cuda")
+    for n in cpu:
+        torch.testing.assert_close(cuda[n], cpu[n], atol=1e-4, rtol=1e-3)
