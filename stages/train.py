@@ -81,8 +81,6 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         if cfg.lora.enabled:  # a fresh adapter over the start model, or the adapter it is, continued
             from rlpipe.lora.peft_model import lora_for_training
 
-            if dist is not None:
-                raise ConfigError("train.lora: LoRA under torchrun (FSDP2) is not supported yet; train on one process")
             lora = lora_for_training(policy, cfg.lora, device=cfg.device,
                                      replaced=[p.paths.checkpoint, "state", ".rlpipe"])
             weights, model = Path(policy), lora.peft_model.get_base_model()
@@ -130,7 +128,14 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     timer.move(compile_seconds(), to="compile")
     with timer.phase("write"):
         if sharded is not None:
-            model, critic_model = gathered_models(sharded, policy, critic, seed=p.seed)
+            rebuild = None
+            if lora is not None:  # rank 0 saves the adapter of a CPU copy of the PEFT model
+                from rlpipe.lora.peft_model import lora_for_training
+
+                rebuild = lambda: lora_for_training(policy, cfg.lora, device="cpu", replaced=[]).peft_model  # noqa: E731
+            model, critic_model = gathered_models(sharded, policy, critic, seed=p.seed, rebuild=rebuild)
+            if lora is not None and model is not None:
+                lora.peft_model = model
         save_dtype = stored_dtype(policy) if cfg.save_dtype == "auto" else cfg.save_dtype
         master = save_dtype != "float32" if cfg.master_weights == "auto" else cfg.master_weights
         if lora is not None:  # the adapter alone, in float32 (megabytes): no master copy needed

@@ -69,3 +69,37 @@ def test_a_lora_variant_reruns_only_train_and_evaluate(project_copy):
     proc = run(["dvc", "exp", "run", "-S", "train.lora.rank=4"], project_copy)
     assert ran_stages(proc.stdout) == ["train", "evaluate"]
     assert (project_copy / "artifacts/train/checkpoint/adapter_config.json").is_file()
+
+
+def test_lora_train_under_fsdp_matches_the_single_process_stage(project_copy, tmp_path):
+    """torchrun --nproc_per_node 2 (FSDP2, gloo) trains the same adapter as one process."""
+    import shlex
+    import sys
+
+    import torch
+    from safetensors.torch import load_file
+
+    from rlpipe.commands import stage_commands
+    from tests.e2e.conftest import edit_params
+
+    edit_params(project_copy / "params.yaml", {"train.lora.rank": 4, "train.lora.alpha": 8.0, "train.lr": 1.0e-3})
+    words = shlex.split(stage_commands(project_copy / "dvc.yaml", project_copy / "params.yaml")["train"])
+
+    def train(out, launcher):
+        args = list(words[1:])
+        for option, name in (("--checkpoint", "checkpoint"), ("--critic-checkpoint", "critic"),
+                             ("--token-stats", "token_stats.parquet"), ("--metrics", "train.json"),
+                             ("--steps", "steps.csv")):
+            args[args.index(option) + 1] = str(out / name)
+        run(launcher + args, project_copy)
+        return load_file(out / "checkpoint/adapter_model.safetensors"), read_json(out / "train.json")
+
+    single, m1 = train(tmp_path / "one", [sys.executable])
+    fsdp, m2 = train(tmp_path / "two", [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                        "--nproc_per_node", "2"])
+    assert single.keys() == fsdp.keys() and any("lora_B" in k for k in single)
+    for key, w in single.items():
+        assert (fsdp[key] - w).abs().max() < 1e-5, key
+    assert not all(torch.equal(w, torch.zeros_like(w)) for k, w in single.items() if "lora_B" in k)
+    assert m2["optimizer_steps"] == m1["optimizer_steps"] and m2["lora"] == m1["lora"]
+    assert sorted(p.name for p in (tmp_path / "two/checkpoint").iterdir()) == ADAPTER_FILES
