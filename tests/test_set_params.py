@@ -27,26 +27,44 @@ def changed_lines(before: str, after: str) -> dict[int, tuple[str, str]]:
     return {i: (a, b) for i, (a, b) in enumerate(zip(old, new)) if a != b}
 
 
-def line_index(text: str, line: str) -> int:
+def section_line(text: str, dotted: str) -> str:
+    """The one line holding `section.key` (or a top-level `key`), found by indentation, whatever its comment says."""
+    *section, key = dotted.split(".")
     lines = text.splitlines(keepends=True)
-    assert lines.count(line) == 1, line
-    return lines.index(line)
+    if not section:
+        found = [ln for ln in lines if ln.startswith(f"{key}:")]
+    else:
+        start = lines.index(f"{section[0]}:\n") if f"{section[0]}:\n" in lines else next(
+            i for i, ln in enumerate(lines) if ln.startswith(f"{section[0]}:"))
+        body = []
+        for ln in lines[start + 1:]:
+            if ln[:1] not in (" ", "#", "\n"):
+                break
+            body.append(ln)
+        found = [ln for ln in body if ln.startswith(f"  {key}:")]
+    assert len(found) == 1, dotted
+    return found[0]
+
+
+def with_value(line: str, value: str) -> str:
+    """`line` with its value replaced and everything after the value (spacing, comment) kept."""
+    key, rest = line.split(":", 1)
+    old_value = rest.split()[0]
+    return f"{key}:{rest.replace(old_value, value, 1)}"
 
 
 def test_sets_iteration_policy_and_reference_keeping_everything_else(params):
     before = params.read_text()
-    set_params(params, {"iteration": 3, "policy.path": "state/policy", "reference.version": 2})
+    lines = before.splitlines(keepends=True)
+    updates = {"iteration": 3, "policy.path": "state/policy", "policy.version": 3,
+               "policy.latest_path": "state/policy", "reference.version": 2}
+    set_params(params, updates)
     after = params.read_text()
 
-    expected = {
-        "iteration: 0          # written by `rlpipe iterate`: the version of the policy that samples this iteration\n":
-        "iteration: 3          # written by `rlpipe iterate`: the version of the policy that samples this iteration\n",
-        "  path: artifacts/prepare/model   # pi_old: samples this iteration and is the trainer's start\n":
-        "  path: state/policy   # pi_old: samples this iteration and is the trainer's start\n",
-        "  version: 0                      # iteration whose policy the reference is\n":
-        "  version: 2                      # iteration whose policy the reference is\n",
-    }
-    assert changed_lines(before, after) == {line_index(before, old): (old, new) for old, new in expected.items()}
+    expected = {section_line(before, key): with_value(section_line(before, key), str(value))
+                for key, value in updates.items()}
+    assert changed_lines(before, after) == {lines.index(old): (old, new) for old, new in expected.items()}
+    assert "  path: state/policy   # pi_old" in after  # the value's own width changed, the gap before '#' did not
 
     comments = [ln for ln in before.splitlines() if ln.lstrip().startswith("#")]
     assert len(comments) >= 3
@@ -54,24 +72,26 @@ def test_sets_iteration_policy_and_reference_keeping_everything_else(params):
 
     p = load_params(params)
     assert (p.iteration, p.policy.path, p.reference.version) == (3, "state/policy", 2)
-    assert p.reference.path == "artifacts/prepare/model"
-    assert p.paths.model_dir == "artifacts/prepare/model"
+    assert p.reference.path == load_params(PARAMS).reference.path
+    assert p.paths.model_dir == load_params(PARAMS).paths.model_dir
 
 
 def test_same_key_name_in_another_section_is_not_touched(params):
     before = params.read_text()
-    # policy.path, reference.path, critic.path, paths.model_dir, reward_model.init
-    assert before.count("artifacts/prepare/model") == 5
+    base = load_params(params)
+    shared = base.reference.path
+    # policy.path, policy.latest_path, reference.path, critic.path, paths.model_dir hold the same value
+    assert before.count(shared) >= 4
     set_params(params, {"reference.path": "state/reference"})
     after = params.read_text()
 
-    old = "  path: artifacts/prepare/model   # pi_ref: the KL anchor\n"
+    old = section_line(before, "reference.path")
     assert changed_lines(before, after) == {
-        line_index(before, old): (old, "  path: state/reference   # pi_ref: the KL anchor\n")}
+        before.splitlines(keepends=True).index(old): (old, with_value(old, "state/reference"))}
     p = load_params(params)
     assert p.reference.path == "state/reference"
-    assert p.policy.path == "artifacts/prepare/model"
-    assert p.paths.model_dir == "artifacts/prepare/model"
+    assert (p.policy.path, p.critic.path, p.paths.model_dir) == (
+        base.policy.path, base.critic.path, base.paths.model_dir)
 
 
 def test_key_of_the_same_name_nested_deeper_is_not_a_section_key(params):
@@ -118,15 +138,15 @@ def test_one_bad_key_among_several_writes_nothing(params):
 def test_value_yaml_would_read_back_differently_is_refused(params):
     """'123' would be written bare and read back as the int 123: refused rather than silently retyped."""
     before = params.read_bytes()
-    with pytest.raises(RlpipeError, match=r"failed to set policy\.path \(read back 123\)"):
-        set_params(params, {"policy.path": "123"})
+    with pytest.raises(RlpipeError, match=r"failed to set critic\.path \(read back 123\)"):
+        set_params(params, {"critic.path": "123"})
     assert params.read_bytes() == before
 
 
 @pytest.mark.parametrize(
     ("dotted", "value", "rendered"),
     [
-        ("policy.path", "models/my policy", '"models/my policy"'),
+        ("critic.path", "models/my critic", '"models/my critic"'),
         ("train.tis_cap", 3.0, "3.0"),
         ("train.kl_beta", 0.04, "0.04"),
         ("advantage.drop_truncated", True, "true"),

@@ -208,11 +208,11 @@ def with_values(table: pa.Table, **columns) -> pa.Table:
 
 def empty_first_completion(t: pa.Table) -> pa.Table:
     col = lambda name: t[name].to_pylist()  # noqa: E731
-    ids, logps, lengths, texts = col("completion_token_ids"), col("sampler_logprobs"), col("completion_length"), col(
-        "completion_text")
-    ids[0], logps[0], lengths[0], texts[0] = [], [], 0, ""
+    ids, logps, lengths, texts, mask = (col("completion_token_ids"), col("sampler_logprobs"),
+                                        col("completion_length"), col("completion_text"), col("policy_mask"))
+    ids[0], logps[0], lengths[0], texts[0], mask[0] = [], [], 0, "", []
     return with_values(t, completion_token_ids=ids, sampler_logprobs=logps, completion_length=lengths,
-                       completion_text=texts)
+                       completion_text=texts, policy_mask=mask)
 
 
 def test_an_empty_completion_scores_zero_and_gets_empty_log_probs(ws):  # noqa: F811

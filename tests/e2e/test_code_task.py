@@ -9,6 +9,7 @@ import sys
 import polars as pl
 import pytest
 
+from rlpipe.generate import single_turn_columns
 from rlpipe.io import read_artifact, write_artifact
 from rlpipe.schema import PROMPTS, ROLLOUTS, SCORES
 from rlpipe.tiny.tokenizer import build_char_tokenizer
@@ -34,7 +35,7 @@ def rollouts(prompts: pl.DataFrame) -> pl.DataFrame:
                          "completion_token_ids": [5] * len(text), "completion_text": text,
                          "completion_length": len(text), "sampler_logprobs": [-1.0] * len(text),
                          "finish_reason": "stop", "truncated": False})
-    return pl.DataFrame(rows)
+    return single_turn_columns(pl.DataFrame(rows))
 
 
 def test_the_code_task_through_prepare_and_score(tmp_path):

@@ -83,11 +83,13 @@ def wait_for_stage(proc: subprocess.Popen, stage: str, timeout: float = 300) -> 
 def test_killed_run_resumes_from_the_last_finished_stage(reproduced, uninterrupted, tmp_path):
     root = copy(reproduced, tmp_path / "project")
     with open(tmp_path / "run.log", "w") as log:
-        proc = subprocess.Popen(["rlpipe", "run", "-n", "2"], cwd=root, env=env(), stdout=log,
+        # Without the warm stage server, train is a cold process that imports torch for seconds: the kill lands
+        # inside it. (A warm server trains the tiny default in 0.4 s; its kill path is in test_warm_servers.)
+        proc = subprocess.Popen(["rlpipe", "run", "-n", "2", "--no-servers"], cwd=root, env=env(), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_for_stage(proc, "train")  # iteration 0 is reproduced already: this is iteration 1's train
-            time.sleep(1.0)
+            time.sleep(0.5)
         finally:
             tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
             os.killpg(proc.pid, signal.SIGKILL)  # the loop, dvc and the stage, like a lost machine

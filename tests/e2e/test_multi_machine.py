@@ -104,7 +104,8 @@ def test_generate_on_one_machine_train_on_another(reproduced, tmp_path):
     assert (params.reference.path, params.reference.version) == ("state/reference", 1)
     trained = (b / "artifacts/train/checkpoint/model.safetensors").read_bytes()
     for state in ("state/policy", "state/reference"):
-        assert json.loads((a / state / "rlpipe.json").read_text()) == {"policy_version": 1}
+        assert json.loads((a / state / "rlpipe.json").read_text()) == {
+            "policy_version": 1, "dtype": "float32", "master_weights": False}
         assert (a / state / "model.safetensors").read_bytes() == trained
     assert "iteration-0" in on(a, ["git", "tag"]).stdout.split()
     assert "prepare" not in stale(a) and "generate" in stale(a)  # iteration 1 starts at generate, on A

@@ -98,7 +98,9 @@ def test_metrics_plots_and_diff_after_iterate(project_copy):
     accuracy_row = next(m for m in data["metrics"] if m["metric"] == "eval accuracy")
     assert accuracy_row["delta"] == 0.0 and accuracy_row["change"] == "same"
     assert data["params"] == [{"key": "iteration", "a": 0, "b": 1},
-                              {"key": "policy.path", "a": "artifacts/prepare/model", "b": "state/policy"}]
+                              {"key": "policy.path", "a": "artifacts/prepare/model", "b": "state/policy"},
+                              {"key": "policy.version", "a": 0, "b": 1},
+                              {"key": "policy.latest_path", "a": "artifacts/prepare/model", "b": "state/policy"}]
     assert "eval accuracy" in run(["rlpipe", "diff", "0", "."], root).stdout
     # the tag's eval rollouts through DVC, as diff's per-prompt commands read them
     old = json.loads(run(["rlpipe", "inspect", ".", "--rev", "0", "--eval", "--prompt-id", "3", "--json"], root).stdout)

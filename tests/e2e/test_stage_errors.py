@@ -100,9 +100,10 @@ def test_generate_rejects_prompt_longer_than_context(ws):
 
 
 def test_generate_refuses_a_policy_of_another_version(ws):
-    edit_params(ws / "params.yaml", {"iteration": 3})
-    code, out = invoke("generate", generate_args(ws))
-    assert code == 2 and "policy version 0" in out and "iteration is 3" in out
+    """The trained checkpoint (version 1) handed to iteration 0's generate (policy.version 0)."""
+    code, out = invoke("generate", generate_args(ws, **{"--policy": "artifacts/train/checkpoint"}))
+    assert code == 2 and "checkpoint: holds policy version 1 but params policy.version is 0" in out
+    assert not (ws / "out/rollouts.parquet").exists()
 
 
 def test_unknown_params_key_fails_before_any_work(ws):
@@ -283,21 +284,21 @@ def test_every_stage_refuses_an_input_of_schema_version_0(ws, stage, option):
 
 def test_train_refuses_rollouts_of_an_earlier_iteration(ws):
     """Iteration 1's train handed iteration 0's rollouts (generate was not re-run after `rlpipe iterate`)."""
-    edit_params(ws / "params.yaml", {"iteration": 1})
+    edit_params(ws / "params.yaml", {"iteration": 1, "policy.version": 1})
     code, out = invoke("train", stage_args(ws, "train"))
-    assert code == 2 and "rollouts.parquet: sampled by policy version 0, but params iteration is 1" in out
+    assert code == 2 and "rollouts.parquet: sampled by policy version 0, but params policy.version is 1" in out
     assert nothing_written(ws)
 
 
 def test_train_refuses_rollouts_whose_footer_names_another_policy(ws):
     other = with_footer(ws / "artifacts/generate/rollouts.parquet", ws / "other_run.parquet", policy_version=3)
     code, out = invoke("train", stage_args(ws, "train", **{"--rollouts": str(other)}))
-    assert code == 2 and "other_run.parquet: sampled by policy version 3, but params iteration is 0" in out
+    assert code == 2 and "other_run.parquet: sampled by policy version 3, but params policy.version is 0" in out
     assert nothing_written(ws)
 
 
 def test_train_refuses_a_policy_other_than_the_sampler(ws):
     """pi_old must be the sampler: the trained checkpoint (version 1) is not the policy of version-0 rollouts."""
     code, out = invoke("train", stage_args(ws, "train", **{"--policy": str(ws / "artifacts/train/checkpoint")}))
-    assert code == 2 and "holds policy version 1, but the rollouts came from version 0" in out
+    assert code == 2 and "checkpoint: holds policy version 1, but train starts iteration 0 from version 0" in out
     assert nothing_written(ws)

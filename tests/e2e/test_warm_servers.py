@@ -144,7 +144,7 @@ def test_the_engine_server_generates_what_the_stage_would_and_reloads_new_weight
     shutil.copytree(reproduced, root, symlinks=True)
     trained = "artifacts/train/checkpoint"
     shutil.copy(root / "params.yaml", root / "params1.yaml")
-    edit_params(root / "params1.yaml", {"iteration": 1})
+    edit_params(root / "params1.yaml", {"iteration": 1, "policy.version": 1})
     alone = {}
     for policy in (MODEL, trained):
         name = f"alone_{Path(policy).name}.parquet"

@@ -30,7 +30,7 @@ def test_one_iteration_without_dvc_is_byte_identical(reproduced, tmp_path):
     paths = yaml.safe_load((scratch / "params.yaml").read_text())["paths"]
     model = str(out / paths["model_dir"])
     edit_params(scratch / "params.yaml", {**{f"paths.{key}": str(out / rel) for key, rel in paths.items()},
-                                          "policy.path": model, "reference.path": model, "critic.path": model,
+                                          "policy.path": model, "policy.latest_path": model, "reference.path": model, "critic.path": model,
                                           "reward_model.init": model})
     for name, cmd in stage_commands(reproduced / "dvc.yaml", scratch / "params.yaml").items():
         assert str(out) in cmd, name
