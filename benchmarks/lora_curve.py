@@ -73,6 +73,7 @@ def run_variant(work: Path, name: str, iterations: int) -> dict:
 
 def table(work: Path) -> str:
     results = [json.loads((work / f"{n}.json").read_text()) for n in VARIANTS if (work / f"{n}.json").is_file()]
+    results = [r for r in results if r["rows"]]
     lines = ["| variant | params | " + " | ".join(f"it {r['iteration']}" for r in results[0]["rows"])
              + " | checkpoint bytes | DVC cache growth per iteration |", "|---" * (len(results[0]["rows"]) + 4) + "|"]
     for r in results:
