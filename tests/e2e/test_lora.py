@@ -103,3 +103,21 @@ def test_lora_train_under_fsdp_matches_the_single_process_stage(project_copy, tm
     assert not all(torch.equal(w, torch.zeros_like(w)) for k, w in single.items() if "lora_B" in k)
     assert m2["optimizer_steps"] == m1["optimizer_steps"] and m2["lora"] == m1["lora"]
     assert sorted(p.name for p in (tmp_path / "two/checkpoint").iterdir()) == ADAPTER_FILES
+
+
+def test_overlapped_lora_iterations_sample_with_the_older_adapter(tmp_path):
+    """`rlpipe run --max-staleness 1` with LoRA: iteration k+1 samples with adapter k (state/sampler) while k
+    trains; the sampler check runs where sampler and trainer are one version and is skipped where they are not."""
+    from tests.e2e.test_long_runs import git
+
+    root = make_project(tmp_path / "overlap", {"train.lora.rank": 4, "train.lora.alpha": 8.0, "train.lr": 1.0e-3})
+    run(["rlpipe", "run", "-n", "3", "--max-staleness", "1"], root)
+    checks = []
+    for k in range(3):
+        train = json.loads(git(root, "show", f"iteration-{k}:metrics/train.json"))
+        checks.append((train["sampler_policy_version"], train["staleness"], train["sampler_check"]))
+        assert train["lora"]["continued"] is (k > 0)
+    assert checks == [(0, 0, "passed"), (0, 1, "sampled 1 version(s) behind the trainer (overlapped)"),
+                      (1, 1, "sampled 1 version(s) behind the trainer (overlapped)")]
+    for state in ("state/policy", "state/sampler"):
+        assert sorted(p.name for p in (root / state).iterdir()) == ADAPTER_FILES, state
