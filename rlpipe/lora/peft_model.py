@@ -171,7 +171,8 @@ def save_adapter(peft_model: Any, out_dir: str | os.PathLike, *, policy_version:
     """Write the adapter in PEFT's format plus rlpipe.json (policy version, base path and hash), atomically.
 
     Float32 adapter weights (megabytes, so no separate master copy); no tokenizer or config.json: the
-    base's are used. PEFT's model card (README.md) is left out: it holds nothing rlpipe reads.
+    base's are used. PEFT's model card (README.md) is left out: it holds nothing rlpipe reads. The
+    bytes are deterministic: lists of module names in adapter_config.json are sorted.
     """
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
@@ -179,6 +180,9 @@ def save_adapter(peft_model: Any, out_dir: str | os.PathLike, *, policy_version:
         (tmp / "README.md").unlink(missing_ok=True)
         cfg = json.loads((tmp / ADAPTER_CONFIG).read_text())
         cfg["base_model_name_or_path"] = str(base_path)
+        for key, value in cfg.items():  # PEFT writes module-name sets (all-linear) in hash order: sort them,
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):  # so equal adapters are equal bytes
+                cfg[key] = sorted(value)
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         record = adapter_record(policy_version=policy_version, base_path=base_path, base_hash=base_hash)
         (tmp / CHECKPOINT_INFO).write_text(json.dumps(record, sort_keys=True) + "\n")

@@ -239,8 +239,10 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
 
 
 def _frozen(module) -> set[str]:
-    """Names of the parameters that do not train (a LoRA run's base weights): left out of resume states."""
-    return {name for name, p in module.named_parameters() if not p.requires_grad}
+    """State-dict keys of the parameters that do not train (a LoRA run's base weights): left out of resume
+    states. By identity, so that a tied weight's second name (lm_head.weight) goes too."""
+    frozen = {id(p) for p in module.parameters() if not p.requires_grad}
+    return {key for key, value in module.state_dict(keep_vars=True).items() if id(value) in frozen}
 
 
 def _state(module, optimizer, dist) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -130,3 +130,18 @@ def test_a_scalar_head_model_starts_from_an_adapters_merged_body(project):
         hidden = scalar.body(input_ids=IDS).last_hidden_state
         expected = peft_model.get_base_model().model(input_ids=IDS).last_hidden_state
     assert torch.allclose(hidden, expected, atol=1e-5)
+
+
+def test_adapter_bytes_do_not_depend_on_the_process_hash_seed(project):
+    """PEFT keeps all-linear's module names in a set: saved in hash order they would differ between processes."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from tests.lora.test_adapter import trained_adapter; torch.manual_seed(0); "
+            "trained_adapter(out={out!r})")
+    for seed, out in (("1", "a"), ("2", "b")):
+        subprocess.run([sys.executable, "-c", code.format(out=out)], check=True, cwd=project,
+                       env={**__import__("os").environ, "PYTHONHASHSEED": seed,
+                            "PYTHONPATH": str(__import__("pathlib").Path(__file__).resolve().parents[2])})
+    for name in ("adapter_config.json", "adapter_model.safetensors", "rlpipe.json"):
+        assert (project / "a" / name).read_bytes() == (project / "b" / name).read_bytes(), name
