@@ -163,3 +163,14 @@ def test_a_killed_lora_train_resumes_and_writes_the_same_adapter(ws):  # noqa: F
     for name in ("checkpoint/adapter_model.safetensors", "checkpoint/adapter_config.json", "checkpoint/rlpipe.json",
                  "token_stats.parquet", "train_steps.csv"):
         assert (ws / "out" / name).read_bytes() == (ws / "full" / name).read_bytes(), name
+
+
+def test_ppo_with_a_lora_actor_and_a_full_critic(tmp_path):
+    """advantage.estimator gae: the actor trains an adapter, the critic (started from the adapter's base) in full."""
+    root = make_project(tmp_path / "ppo", {"train.lora.rank": 4, "train.lora.alpha": 8.0, "train.lr": 1.0e-3,
+                                           "advantage.estimator": "gae", "train.loss_aggregation": "token-mean"})
+    run(["dvc", "repro"], root)
+    assert sorted(p.name for p in (root / "artifacts/train/checkpoint").iterdir()) == ADAPTER_FILES
+    assert (root / "artifacts/train/critic/scalar_head.safetensors").is_file()
+    train = read_json(root / "metrics/train.json")
+    assert train["sampler_check"] == "passed" and train["value_loss"] > 0 and train["lora"]["continued"] is False
