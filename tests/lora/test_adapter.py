@@ -145,3 +145,22 @@ def test_adapter_bytes_do_not_depend_on_the_process_hash_seed(project):
                             "PYTHONPATH": str(__import__("pathlib").Path(__file__).resolve().parents[2])})
     for name in ("adapter_config.json", "adapter_model.safetensors", "rlpipe.json"):
         assert (project / "a" / name).read_bytes() == (project / "b" / name).read_bytes(), name
+
+
+def test_a_tied_head_and_embeddings_train_as_one_weight(tmp_path, monkeypatch):
+    """Both flags on a tied model: one trainable copy (PEFT's ensure_weight_tying); load and merge keep the tie."""
+    monkeypatch.chdir(tmp_path)
+    build_base(tmp_path / "tied", tie=True)
+    peft_model = wrap_for_training(load_model("tied", device="cpu", dtype="float32"),
+                                   lora(train_lm_head=True, train_embeddings=True))
+    full = [n for n, p in peft_model.named_parameters() if p.requires_grad and "lora_" not in n]
+    assert len(full) == 1 and "embed_tokens" in full[0]
+    with torch.no_grad():
+        dict(peft_model.named_parameters())[full[0]].add_(0.5)
+    perturb_adapter(peft_model)
+    inner = peft_model.get_base_model()
+    assert torch.equal(inner.get_output_embeddings().weight, inner.get_input_embeddings().weight)
+    save_adapter(peft_model, "ckpt", policy_version=1, base_path="tied", base_hash=model_hash("tied"))
+    expected = logits(inner)
+    assert torch.allclose(logits(load_model("ckpt", device="cpu", dtype="float32")), expected, atol=1e-5)
+    assert torch.allclose(logits(merged_model("ckpt")), expected, atol=1e-4)
