@@ -27,6 +27,7 @@ $(OFFLINE_PLOTS): $(VENV)/.installed
 
 repro: install $(OFFLINE_PLOTS)
 	PATH="$(abspath $(BIN)):$$PATH" dvc repro
+	@echo "next: . $(VENV)/bin/activate, then 'rlpipe inspect . --show 4', 'dvc metrics show', 'rlpipe iterate' (commit + tag iteration 0)"
 
 iterations: install
 	PATH="$(abspath $(BIN)):$$PATH" rlpipe run --iterations $(or $(N),5)

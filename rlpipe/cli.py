@@ -19,18 +19,94 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(2)
 
 
+def _version_callback(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"rlpipe {version('rlpipe')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
+                                      help="print rlpipe's version and exit")) -> None:
+    """rlpipe: offline GRPO/PPO as cached DVC stages over Parquet."""
+
+
+def _parse_settings(items: List[str]) -> dict:
+    import yaml
+
+    settings = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise RlpipeError(f"--set {item!r}: write KEY=VALUE, e.g. generate.group_size=8")
+        settings[key.strip()] = yaml.safe_load(value)
+    return settings
+
+
+@app.command()
+def init(directory: str = typer.Argument(..., help="the new project's directory (must not exist, or be empty)"),
+         model: str = typer.Option(..., "--model", help="a local Hugging Face model directory (copied into the "
+                                                       "project, tracked by DVC; nothing is downloaded)"),
+         train: str = typer.Option(..., "--train", help="train prompts: .jsonl, .parquet, .csv, or a `datasets` "
+                                                       "save_to_disk directory"),
+         eval_: str = typer.Option(..., "--eval", help="held-out prompts, the same formats"),
+         reward: Optional[List[str]] = typer.Option(None, "--reward", help="module:function of a reward whose "
+                                                    "module sits in the current directory (copied into the "
+                                                    "project), or a built-in's name; repeatable. Default: "
+                                                    "exact_answer + digit_match"),
+         prompt_column: str = typer.Option("prompt", help="the prompt column of the files"),
+         answer_column: str = typer.Option("answer", help="the ground-truth column ('' = none)"),
+         chat_template: str = typer.Option("auto", help="auto (the tokenizer's template when it has one), on, off"),
+         device: str = typer.Option("cpu", help="cpu, or cuda (then bfloat16 everywhere)"),
+         settings: Optional[List[str]] = typer.Option(None, "--set", help="another params.yaml value, KEY=VALUE "
+                                                      "(e.g. generate.max_new_tokens=512); repeatable")) -> None:
+    """Make a ready project for your own model, prompt files and reward: then `cd DIR && dvc repro`."""
+    from rlpipe.project.init import init_project
+
+    try:
+        report = init_project(directory, model=model, train=train, eval_=eval_, rewards=reward or (),
+                              prompt_column=prompt_column, answer_column=answer_column or None,
+                              chat_template=chat_template, device=device,
+                              settings=_parse_settings(settings or []))
+    except RlpipeError as e:
+        _fail(e)
+    typer.echo(f"wrote {report.root}: {report.num_train} train and {report.num_eval} eval prompts, "
+               "model in models/base, git and DVC initialised")
+    if report.unset_options:
+        typer.echo("next: fill in your reward's options in params.yaml (score.rewards, marked FILL_IN): "
+                   + "; ".join(report.unset_options))
+    typer.echo(f"then: cd {report.root} && dvc repro   (one iteration; then `rlpipe iterate`, or `rlpipe run -n N`)")
+
+
 @app.command()
 def iterate(params: str = typer.Option("params.yaml", help="params file"),
-            commit: bool = typer.Option(True, help="commit (and tag) each finished iteration to git")) -> None:
+            commit: bool = typer.Option(True, help="commit (and tag) each finished iteration to git"),
+            allow_experiment: bool = typer.Option(False, "--allow-experiment",
+                                                  help="record the workspace even when it holds an experiment "
+                                                       "applied with `dvc exp apply`")) -> None:
     """Finish the current iteration and make the trained policy the next iteration's sampler."""
     from rlpipe.iterate import advance
 
     try:
-        row = advance(".", params_file=params, commit=commit)
+        row = advance(".", params_file=params, commit=commit, allow_experiment=allow_experiment)
     except RlpipeError as e:
         _fail(e)
-    typer.echo(f"iteration {row['iteration']} done: eval accuracy {row['eval_accuracy']:.3f}, "
-               f"train reward {row['train_reward_mean']:.3f}; params now at iteration {row['iteration'] + 1}")
+    k = row["iteration"]
+    typer.echo(f"iteration {k} done: eval accuracy {_num(row['eval_accuracy'])}, "
+               f"train reward {_num(row['train_reward_mean'])}; params now at iteration {k + 1}")
+    tagged = f"committed and tagged iteration-{k}; " if commit else ""
+    typer.echo(f"{tagged}next: `dvc repro` (iteration {k + 1}), `rlpipe run -n N` (N more), "
+               f"`rlpipe inspect . --rev {k} --show 4`, `dvc metrics show`; `dvc push` if you set a remote")
+
+
+def _num(x: float | None) -> str:
+    """A metric for people: 3 decimals, never "-0.000"."""
+    if x is None:
+        return "n/a"
+    text = f"{x:.3f}"
+    return text[1:] if text == "-0.000" else text
 
 
 @app.command()
@@ -49,16 +125,19 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
                                                          "docs/overlap.md)")) -> None:
     """Run iterations back to back: `dvc repro` then `rlpipe iterate`, until the target.
 
+    `-n N` trains N new iterations: one that a plain `dvc repro` already trained is recorded first
+    and not counted.
+
     After a crash, `rlpipe run --until K` finishes what is left: `dvc repro` skips every stage
     that already finished and an interrupted `rlpipe iterate` is completed first.
     """
     from rlpipe.config import load_params
-    from rlpipe.iterate import finish_interrupted_start
+    from rlpipe.iterate import already_reproduced, finish_interrupted_start
     from rlpipe.run.loop import run_iterations
 
     def report(row: dict) -> None:
-        typer.echo(f"iteration {row['iteration']}: eval accuracy {row['eval_accuracy']:.3f}, "
-                   f"train reward {row['train_reward_mean']:.3f}")
+        typer.echo(f"iteration {row['iteration']}: eval accuracy {_num(row['eval_accuracy'])}, "
+                   f"train reward {_num(row['train_reward_mean'])}")
         sys.stdout.flush()
 
     if (iterations is None) == (until is None):
@@ -67,7 +146,12 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
         if until is None:
             if commit:  # an advance cut short after rewriting params.yaml already counts as done
                 finish_interrupted_start(Path("."), params_file=params)
-            until = load_params(params).iteration + iterations
+            p = load_params(params)
+            until = p.iteration + iterations
+            if already_reproduced(Path("."), p):  # a plain `dvc repro` trained this one: N more *new* ones
+                typer.echo(f"iteration {p.iteration} is already reproduced (`dvc repro`): recording it, "
+                           f"then {iterations} new iteration(s)")
+                until += 1
         run_iterations(".", until=until, params_file=params, commit=commit, servers=servers,
                        max_staleness=max_staleness, on_iteration=report)
     except RlpipeError as e:

@@ -155,6 +155,9 @@ class GenerateConfig:
         return self.environment.max_total_tokens if self.environment.multi_turn else self.max_new_tokens
 
 
+UNSET_OPTION = "FILL_IN"  # what `rlpipe init` writes for a reward option that has no default: the user's to set
+
+
 @dataclass(frozen=True)
 class RewardEntry:
     name: str  # registry name or "package.module:function"
@@ -324,6 +327,8 @@ class EvaluateConfig:
 class IterateConfig:
     """Read by `rlpipe iterate` / `rlpipe run` / `rlpipe gc`, never by a stage (so changing it re-runs nothing)."""
     keep_checkpoints: int  # K: keep the DVC-cached checkpoints of the last K iterations, prune older ones; 0 = keep all
+    # where each finished iteration's numbers also go (rlpipe/tracking): any of dvclive, tensorboard, wandb, mlflow
+    trackers: tuple[Literal["dvclive", "tensorboard", "wandb", "mlflow"], ...] = ()  # () for older params files
 
 
 @dataclass(frozen=True)
@@ -528,6 +533,10 @@ def _check_consistency(params: Params, path: Path) -> None:
     need(t.dual_clip_c is None or t.dual_clip_c > 1, "train.dual_clip_c must be > 1 or null")
     need(0 <= params.score.max_error_fraction <= 1, "score.max_error_fraction must be in [0, 1]")
     need(len(params.score.rewards) >= 1, "score.rewards must name at least one reward function")
+    unset = [f"score.rewards[{i}] ({r.name}).options.{k}" for i, r in enumerate(params.score.rewards)
+             for k, v in r.options.items() if v == UNSET_OPTION]
+    need(not unset, f"reward option(s) still {UNSET_OPTION}: {', '.join(unset)}; write a value for each "
+                    "(`rlpipe init` lists every option of your reward function there)")
     need(params.score.workers >= 1, "score.workers must be >= 1")
     need(params.score.row_timeout_s is None or params.score.row_timeout_s > 0, "score.row_timeout_s must be > 0 or null")
     need(t.max_skipped_steps >= 0, "train.max_skipped_steps must be >= 0")

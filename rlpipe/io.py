@@ -282,7 +282,7 @@ def read_artifact(path: str | os.PathLike, schema: ArtifactSchema) -> Artifact:
 
 
 def read_table_file(path: str | os.PathLike) -> pl.DataFrame:
-    """Read a user's Parquet or JSONL file (prompt files), with a clear error if unreadable."""
+    """Read a user's Parquet, JSONL or CSV file (prompt files), with a clear error if unreadable."""
     p = Path(path)
     if not p.is_file():
         raise ArtifactError(f"{p}: file not found")
@@ -291,9 +291,11 @@ def read_table_file(path: str | os.PathLike) -> pl.DataFrame:
             return pl.read_parquet(p)
         if p.suffix in (".jsonl", ".ndjson"):
             return pl.read_ndjson(p)
+        if p.suffix == ".csv":
+            return pl.read_csv(p, infer_schema=False)  # every column a string: "007" stays "007"
     except Exception as e:  # polars raises several types for malformed files
         raise ArtifactError(f"{p}: could not be read: {e}") from None
-    raise ArtifactError(f"{p}: unsupported file type {p.suffix!r}; use .parquet or .jsonl")
+    raise ArtifactError(f"{p}: unsupported file type {p.suffix!r}; use .parquet, .jsonl or .csv")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 Why a command and not a DVC stage: DVC graphs are acyclic, but an iteration feeds its output back
 as the next iteration's input. So after ``dvc repro`` finishes iteration k, ``rlpipe iterate``:
   1. records iteration k's headline metrics in the history file and commits iteration k
-     (dvc.lock, metrics, params) to git with the tag ``iteration-k``, so that
-     ``git checkout iteration-k && dvc checkout`` restores every artifact of it;
+     (dvc.lock, metrics, params, and what defined it: dvc.yaml, the stage inputs in git and the
+     ``.dvc`` pointers of those DVC tracks, `rlpipe.run.record`) to git with the tag ``iteration-k``,
+     so that ``git checkout iteration-k && dvc checkout`` restores every artifact of it; it refuses
+     a workspace holding an experiment applied with ``dvc exp apply`` unless asked;
   2. copies the trained checkpoint to ``state/policy`` (tracked with ``dvc add``) and, every
      ``reference.refresh_every`` iterations, to ``state/reference``;
   3. rewrites ``iteration``, ``policy.path`` (and ``reference.*``) in params.yaml, keeping its comments,
@@ -32,7 +34,7 @@ from rlpipe.config import Params, load_params
 from rlpipe.errors import RlpipeError
 from rlpipe.history import HISTORY_CSV, write_history_csv
 from rlpipe.io import atomic_path, read_json, read_policy_version
-from rlpipe.run import dvc, policies
+from rlpipe.run import dvc, policies, record
 
 STATE_POLICY = "state/policy"
 STATE_SAMPLER = "state/sampler"  # an older policy that samples overlapped iterations (docs/overlap.md)
@@ -70,6 +72,8 @@ def set_params(path: str | Path, updates: dict[str, Any]) -> None:
 def _render(value: Any) -> str:
     if isinstance(value, str):
         return value if re.fullmatch(r"[A-Za-z0-9_./-]+", value) else json.dumps(value)
+    if isinstance(value, (list, dict)):  # on the key's own line: flow style ([a, b], {k: v})
+        return yaml.safe_dump(value, default_flow_style=True, width=1_000_000).strip()
     return yaml.safe_dump(value).split("\n")[0]
 
 
@@ -197,6 +201,13 @@ def handover_started(root: Path, params: Params) -> bool:
     return mid_swap or read_policy_version(state) == k + 1
 
 
+def already_reproduced(root: Path, params: Params) -> bool:
+    """True when this iteration's pipeline already ran to the end (`dvc repro`) and waits for `rlpipe iterate`."""
+    if read_policy_version(root / params.paths.checkpoint) != params.iteration + 1 or handover_started(root, params):
+        return False
+    return not stale_stages(root)
+
+
 def finish_interrupted_start(root: Path, *, params_file: str = "params.yaml") -> bool:
     """Finish an ``advance`` killed after it rewrote params.yaml: the commit "start iteration k", the pruning.
 
@@ -224,12 +235,13 @@ def _prune(root: Path, params: Params, params_file: str) -> None:
 
 
 def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit: bool = True,
-            just_reproduced: bool = False) -> dict[str, Any]:
+            just_reproduced: bool = False, allow_experiment: bool = False) -> dict[str, Any]:
     """Finish iteration k and set up k+1 (see module docstring); returns the history row of k.
 
     Safe to call again after it was killed at any point: it finishes what is left.
     ``just_reproduced``: the caller's ``dvc repro`` of this iteration has just succeeded (`rlpipe run`),
-    so the ``dvc status`` check that the pipeline is up to date is skipped.
+    so the ``dvc status`` check that the pipeline is up to date is skipped. ``allow_experiment``:
+    record the workspace even when it holds an experiment applied with ``dvc exp apply``.
     """
     root = Path(root)
     if commit:
@@ -246,6 +258,13 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
     if stale:
         raise RlpipeError(f"the pipeline is not up to date (`dvc status` lists changes in {sorted(stale)}); "
                           "run `dvc repro` first")
+    if params.iterate.trackers:
+        from rlpipe.tracking.forward import check_installed
+
+        check_installed(params.iterate.trackers)
+    defining: list[str] = []
+    if commit and not _tag_at_head(root, k):
+        defining = _check_recordable(root, params_file, allow_experiment=allow_experiment)
 
     row = history_row(params, root)
     hist = root / params.paths.history
@@ -255,8 +274,13 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
     with atomic_path(hist) as tmp:
         tmp.write_text("".join(line + "\n" for line in [*kept, json.dumps(row, sort_keys=True)]))
     write_history_csv(hist, root / params.paths.plots_dir / HISTORY_CSV)  # the same rows as a DVC plot
+    if params.iterate.trackers:  # DVCLive, TensorBoard, W&B, MLflow: before the commit, which holds dvclive/
+        from rlpipe.tracking.forward import forward
+
+        forward(root, params.iterate.trackers, row, root / params.paths.plots_dir / "train_steps.csv")
     if commit and not _tag_at_head(root, k):
-        _commit(root, f"rlpipe: iteration {k} (eval accuracy {row['eval_accuracy']})", params, tag=tag_name(k))
+        _commit(root, f"rlpipe: iteration {k} (eval accuracy {row['eval_accuracy']})", params, tag=tag_name(k),
+                extra=defining)
 
     updates: dict[str, Any] = {"iteration": k + 1, "policy.latest_path": STATE_POLICY}
     updates.update(_next_sampler(root, params, ckpt))  # before state/policy is replaced: it may be the one kept
@@ -312,9 +336,25 @@ def _carried_state(root: Path, params: Params, *, ckpt_version: int) -> dict[str
     return updates
 
 
-def _commit(root: Path, message: str, params: Params, *, tag: str | None) -> None:
+def _check_recordable(root: Path, params_file: str, *, allow_experiment: bool) -> list[str]:
+    """The files that define this iteration (`rlpipe.run.record`); raises when the workspace must not be recorded."""
+    exp = record.applied_experiment(root, params_file)
+    if exp is not None and not allow_experiment:
+        raise RlpipeError(f"the workspace holds experiment {exp!r} (left by `dvc exp run` or `dvc exp apply`), "
+                          "not the iteration's own params; `rlpipe iterate --allow-experiment` records it as "
+                          "this iteration, or `git checkout -- params.yaml && dvc repro` goes back to the "
+                          "baseline (docs/metrics-and-plots.md#comparing-against-the-iterations-own-baseline)")
+    files, lost = record.iteration_files(root)
+    if lost:
+        raise RlpipeError(f"stage input(s) {lost} are git-ignored and not tracked by DVC, so the iteration "
+                          "could not be restored from its commit; `dvc add` them (or stop ignoring them "
+                          "in git), then run `rlpipe iterate` again")
+    return files
+
+
+def _commit(root: Path, message: str, params: Params, *, tag: str | None, extra: list[str] = ()) -> None:
     paths = [p for p in ("params.yaml", "dvc.lock", params.paths.metrics_dir, params.paths.plots_dir,
-                         params.paths.history, "state") if (root / p).exists()]
+                         params.paths.history, "state", "dvclive", *extra) if (root / p).exists()]
     _run(["git", "add", "--", *paths], root)
     _run(["git", "commit", "-q", "--allow-empty", "-m", message], root)
     if tag:

@@ -67,10 +67,11 @@ def prompt_table(rows: Sequence[dict[str, Any]], tokenizer: Any, *, max_prompt_t
 
 
 def read_prompt_rows(path: str | Path, cfg: PromptFilesConfig) -> list[dict[str, Any]]:
-    """A user's prompt file (Parquet or JSONL) as {prompt, answer, metadata} rows.
+    """A user's prompt file (Parquet, JSONL or CSV) as {prompt, answer, metadata} rows.
 
-    Columns other than the prompt and answer columns are kept as per-row metadata for reward
-    functions (e.g. unit tests of a coding task).
+    Every column of the file, the prompt and answer columns included, is kept as per-row metadata
+    under its own name for reward functions (unit tests of a coding task; the raw prompt, as
+    written before the chat template; a TRL-style reward's column arguments).
     """
     frame = read_table_file(path)
     if frame.height == 0:
@@ -81,13 +82,12 @@ def read_prompt_rows(path: str | Path, cfg: PromptFilesConfig) -> list[dict[str,
     if frame.schema[cfg.prompt_column] != pl.String:
         raise ArtifactError(f"{path}: column {cfg.prompt_column!r} must hold strings, "
                             f"has {frame.schema[cfg.prompt_column]}")
-    extra = [c for c in frame.columns if c not in (cfg.prompt_column, cfg.answer_column)]
     rows = []
     for rec in frame.iter_rows(named=True):
         rows.append({
             "prompt": rec[cfg.prompt_column],
             "answer": rec[cfg.answer_column] if cfg.answer_column else None,
-            "metadata": {c: rec[c] for c in extra},
+            "metadata": dict(rec),
         })
     return rows
 

@@ -80,7 +80,7 @@ def engine_metrics(engine: Any) -> dict[str, Any]:
 
 
 def write_metrics(path: str | Path, stage: str, metrics: dict[str, Any], timer: PhaseTimer) -> None:
-    write_json(path, {"stage": stage, **metrics, "seconds": timer.report()})
+    write_json(path, _no_negative_zero({"stage": stage, **metrics, "seconds": timer.report()}))
 
 
 def stage_main(stage: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
@@ -102,8 +102,24 @@ def stage_main(stage: str) -> Callable[[Callable[..., None]], Callable[..., None
 
 def summary_line(stage: str, **fields: Any) -> None:
     """One line per stage at the end: what it did and how long it took."""
-    parts = " ".join(f"{k}={v}" for k, v in fields.items())
+    parts = " ".join(f"{k}={_no_negative_zero(v)}" for k, v in fields.items())
     print(f"rlpipe {stage}: {parts}", file=sys.stderr)
+
+
+def warn(stage: str, message: str) -> None:
+    """A line on stderr for a setting that did not do what it says, while the stage goes on."""
+    print(f"rlpipe {stage}: warning: {message}", file=sys.stderr)
+
+
+def _no_negative_zero(value: Any) -> Any:
+    """``value`` with every -0.0 in it made 0.0: a rounded tiny negative is no information, and reads as a sign."""
+    if isinstance(value, float):
+        return value + 0.0  # -0.0 + 0.0 == +0.0; every other float is unchanged
+    if isinstance(value, dict):
+        return {k: _no_negative_zero(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_negative_zero(v) for v in value]
+    return value
 
 
 def run(app: Callable[[], None]) -> None:

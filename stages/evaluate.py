@@ -6,6 +6,8 @@ environment of generate.environment when one is set).
 """
 import rlpipe.stage as stage  # first: starts the stage clock
 
+import sys
+
 import typer
 
 from rlpipe.config import load_params
@@ -58,6 +60,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         write_artifact(frame, out, EVAL_ROLLOUTS, metadata={"policy_version": version})
     stage.write_metrics(metrics, "evaluate", {**m, "engine": engine.name, **stage.engine_metrics(engine)}, timer)
     stage.summary_line("evaluate", prompts=m["num_prompts"], seconds=timer.report()["total"], accuracy=m["accuracy"])
+    print(f"rlpipe: iteration {p.iteration} trained and evaluated; next: `rlpipe inspect . --show 4` (its rollouts), "
+          "`dvc metrics show`, then `rlpipe iterate` (commit + tag it, start the next)", file=sys.stderr)
 
 
 if __name__ == "__main__":

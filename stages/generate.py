@@ -47,6 +47,10 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     with timer.phase("read"):
         table = select_prompts(read_artifact(prompts, PROMPTS).frame, count=cfg.prompts_per_iteration,
                                seed=p.seed, iteration=p.iteration)
+        if cfg.prompts_per_iteration > table.height:
+            stage.warn("generate", f"generate.prompts_per_iteration is {cfg.prompts_per_iteration} but {prompts} "
+                                   f"holds {table.height} prompts: every one is used, {table.height} x "
+                                   f"{cfg.group_size} samples")
         tokenizer = load_tokenizer(policy)
         multi = cfg.environment.multi_turn
         check_context(table, max_new_tokens=cfg.max_completion_tokens, source=prompts,

@@ -1,6 +1,7 @@
 """Rewards: pure rule-based reward functions, the name -> function registry, and per-sample scoring.
 
 `functions` holds the `Sample` a reward sees and the built-in rewards (`REWARD_FUNCTIONS`);
+`trl_style` runs TRL-style functions (``fn(prompts, completions, **columns)``) as batch rewards;
 `registry` resolves params.yaml names (built-in or "package.module:function"), checks their options
 up front, names their Parquet columns and scores one sample; `code` runs model-written code for
 the `code_tests` reward; `model_reward` scores with a trained reward model in batches (`reward_model`).

@@ -3,7 +3,8 @@
 A reward is named either by a key of `REWARD_FUNCTIONS` or as ``"package.module:function"``, a
 function importable from the score stage's environment. A reward is per-row (``fn(sample, **options)``)
 unless marked with `batch_reward` (``fn(samples, **options)`` -> one value per sample, see
-`is_batch_reward`); the score stage computes batch rewards first and hands each row's value to
+`is_batch_reward`) or written for TRL (``fn(prompts, completions, **columns)``, wrapped into a batch
+reward by `rlpipe.rewards.trl_style`); the score stage computes batch rewards first and hands each row's value to
 `score_sample_details` as ``precomputed``. Everything that can be wrong with the
 configuration (an unknown name, a misspelt option, two rewards writing the same column) is
 reported by `prepare_rewards` before the first row is scored; `score_sample` then only has to
@@ -18,11 +19,14 @@ import importlib
 import inspect
 import math
 import numbers
+import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from rlpipe.rewards.functions import REWARD_FUNCTIONS, RewardResult, Sample, batch_reward
+from rlpipe.rewards.trl_style import check_trl_options, is_trl_reward, trl_adapter
 
 __all__ = [
     "RewardSpec",
@@ -57,6 +61,10 @@ def _valid_names() -> str:
 def resolve_reward(name: str) -> Callable[..., float]:
     """The function a reward name stands for: a registry key, or an importable "module:function".
 
+    The working directory (the project root, where DVC runs every stage) is on the module path
+    first, so a reward module kept in the project (``rlpipe init`` copies it there) imports with
+    no ``PYTHONPATH`` and no install.
+
     >>> resolve_reward("exact_answer").__name__
     'exact_answer'
     >>> resolve_reward("math:floor").__name__
@@ -71,10 +79,14 @@ def resolve_reward(name: str) -> Callable[..., float]:
         raise ValueError(
             f"reward {name!r} is not of the form 'package.module:function'; valid names: {_valid_names()}"
         )
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:  # includes a dependency missing inside the user's module
-        raise ValueError(f"reward {name!r}: cannot import module {module_name!r}: {exc}") from exc
+        raise ValueError(f"reward {name!r}: cannot import module {module_name!r}: {exc} (the module must be "
+                         f"in the project directory {cwd}, or installed)") from exc
     obj = module
     for part in attribute.split("."):  # "module:Class.method" works too
         if not hasattr(obj, part):
@@ -178,7 +190,8 @@ def prepare_rewards(specs: Sequence[RewardSpec]) -> dict[str, Callable[..., floa
     """Resolve and check every spec up front; returns the functions keyed by spec name.
 
     Raises on an empty list, a bad weight, an unknown name or option, or a column clash, so that a
-    typo in params.yaml fails before any row is scored.
+    typo in params.yaml fails before any row is scored. A TRL-style function (``fn(prompts,
+    completions, **columns)``) comes back wrapped as a batch reward (`rlpipe.rewards.trl_style`).
     """
     if not specs:
         raise ValueError("no rewards configured: list at least one under rewards in params.yaml")
@@ -187,7 +200,11 @@ def prepare_rewards(specs: Sequence[RewardSpec]) -> dict[str, Callable[..., floa
     for spec in specs:
         _check_weight(spec)
         fn = resolve_reward(spec.name)
-        check_reward_options(fn, spec.options, spec.name)
+        if not is_batch_reward(fn) and is_trl_reward(fn):  # fn(prompts, completions, **columns): rlpipe.rewards.trl_style
+            check_trl_options(fn, spec.options, spec.name)
+            fn = trl_adapter(fn, spec.name)
+        else:
+            check_reward_options(fn, spec.options, spec.name)
         fns[spec.name] = fn
     return fns
 

@@ -59,9 +59,9 @@ def assert_same_run(root: Path, reference: Path) -> None:
 
 @pytest.fixture(scope="module")
 def uninterrupted(reproduced, tmp_path_factory) -> Path:
-    """Iterations 0 and 1 by `rlpipe run -n 2` without a crash (read-only)."""
+    """Iterations 0 and 1 by `rlpipe run --until 2` without a crash (read-only)."""
     root = copy(reproduced, tmp_path_factory.mktemp("uninterrupted") / "project")
-    run(["rlpipe", "run", "-n", "2"], root)
+    run(["rlpipe", "run", "--until", "2"], root)
     return root
 
 
@@ -85,7 +85,7 @@ def test_killed_run_resumes_from_the_last_finished_stage(reproduced, uninterrupt
     with open(tmp_path / "run.log", "w") as log:
         # Without the warm stage server, train is a cold process that imports torch for seconds: the kill lands
         # inside it. (A warm server trains the tiny default in 0.4 s; its kill path is in test_warm_servers.)
-        proc = subprocess.Popen(["rlpipe", "run", "-n", "2", "--no-servers"], cwd=root, env=env(), stdout=log,
+        proc = subprocess.Popen(["rlpipe", "run", "--until", "2", "--no-servers"], cwd=root, env=env(), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_for_stage(proc, "train")  # iteration 0 is reproduced already: this is iteration 1's train

@@ -134,3 +134,5 @@ def test_exp_run_sweeps_a_param_and_exp_show_lists_the_metrics(project_copy):
     metrics = data["metrics"]
     assert set(metrics["metrics/evaluate.json"]["data"]) >= {"accuracy", "reward_mean"}
     assert set(metrics["metrics/train.json"]["data"]) >= {"kl_ref", "clip_fraction", "approx_kl_old"}
+    refused = run(["rlpipe", "iterate"], root, check=False)  # the workspace holds the experiment's results
+    assert refused.returncode == 2 and "left by `dvc exp run` or `dvc exp apply`" in refused.stderr

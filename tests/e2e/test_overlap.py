@@ -29,7 +29,7 @@ def overlapped(reproduced, tmp_path_factory) -> tuple[Path, str]:
     """Iterations 0-2 with S = 1, continuing the reproduced iteration 0 (read-only), and the run's output."""
     root = tmp_path_factory.mktemp("overlapped") / "project"
     shutil.copytree(reproduced, root, symlinks=True)
-    out = run(["rlpipe", "run", "-n", "3", "--max-staleness", "1"], root).stdout
+    out = run(["rlpipe", "run", "--until", "3", "--max-staleness", "1"], root).stdout
     return root, out
 
 
@@ -68,7 +68,7 @@ def test_a_run_killed_while_sampling_ahead_resumes_to_the_same_bytes(overlapped,
     shutil.copytree(reproduced, work, symlinks=True)
     log = work / ".rlpipe/ahead/prefetch.log"
     with open(tmp_path / "run.log", "w") as out:
-        proc = subprocess.Popen(["rlpipe", "run", "-n", "3", "--max-staleness", "1"], cwd=work, env=env(), stdout=out,
+        proc = subprocess.Popen(["rlpipe", "run", "--until", "3", "--max-staleness", "1"], cwd=work, env=env(), stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not (log.is_file() and "Running stage 'score'" in log.read_text()):

@@ -182,7 +182,7 @@ def test_the_engine_server_generates_what_the_stage_would_and_reloads_new_weight
 def test_a_killed_run_leaves_no_server_behind(reproduced, tmp_path):
     root = tmp_path / "project"
     shutil.copytree(reproduced, root, symlinks=True)
-    proc = subprocess.Popen(["rlpipe", "run", "-n", "1"], cwd=root, env=env(), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(["rlpipe", "run", "--until", "1"], cwd=root, env=env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     while lifecycle.status("stage", root) is None and time.monotonic() < deadline:
@@ -200,7 +200,7 @@ def test_run_with_and_without_servers_writes_the_same_artifacts(reproduced, tmp_
     for flag in ("--servers", "--no-servers"):
         root = tmp_path / flag.strip("-")
         shutil.copytree(reproduced, root, symlinks=True)
-        run(["rlpipe", "run", "-n", "2", flag], root)
+        run(["rlpipe", "run", "--until", "2", flag], root)
         roots[flag] = root
     def outs(root: Path) -> dict:  # dvc.lock's output hashes; metrics JSON hold wall times, so they differ
         lock = yaml.safe_load((root / "dvc.lock").read_text())

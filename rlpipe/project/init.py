@@ -1,0 +1,143 @@
+"""`rlpipe init DIR`: a git + DVC project for a user's model, prompt files and rewards, ready for `dvc repro`.
+
+The project holds everything that defines an iteration, so an iteration restores in a fresh clone
+(``git checkout iteration-k && dvc pull``): the pipeline (dvc.yaml, params.yaml, the stage scripts),
+the reward modules (in git, at the project root where the score stage imports them), and the model
+and prompt files (copied under models/ and data/, tracked by DVC: their ``.dvc`` pointers are in git).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from rlpipe.config import UNSET_OPTION, load_params
+from rlpipe.errors import ConfigError
+from rlpipe.io import read_table_file
+from rlpipe.project import pipeline, sources
+
+MODEL_DIR = "models/base"
+DATA_DIR = "data"
+GITIGNORE = """\
+# written by `rlpipe init`; DVC adds its own outputs to the .gitignore files it keeps
+.venv/
+__pycache__/
+*.pyc
+/.rlpipe/
+/dvc_plots/
+# local logs of the optional trackers (iterate.trackers: tensorboard, mlflow)
+/runs/
+/mlruns/
+"""
+DVCIGNORE = """\
+# a .pyc records its source's mtime, which differs on every clone: never part of a stage's inputs
+__pycache__/
+*.pyc
+# resume states and warm-server files of rlpipe (never a stage input or output)
+.rlpipe/
+"""
+
+
+@dataclass(frozen=True)
+class InitReport:
+    root: Path
+    rewards: tuple[sources.UserReward, ...]
+    num_train: int
+    num_eval: int
+
+    @property
+    def unset_options(self) -> list[str]:
+        return [f"{r.name}: {k}" for r in self.rewards for k, v in r.options.items() if v == UNSET_OPTION]
+
+
+def init_project(dest: str | Path, *, model: str | Path, train: str | Path, eval_: str | Path,
+                 rewards: Sequence[str] = (), prompt_column: str = "prompt", answer_column: str | None = "answer",
+                 chat_template: str = "auto", device: str = "cpu", settings: dict[str, Any] | None = None,
+                 git: bool = True, reward_source: str | Path | None = None) -> InitReport:
+    """Create the project in ``dest`` (which must not exist or be empty); see the module docstring.
+
+    ``rewards``: ``module:function`` names (a module in ``reward_source``, default the current
+    directory, is copied into the project); none: the built-in exact_answer + digit_match on the
+    answer column. ``settings``: more params.yaml values by dotted key (``generate.group_size``).
+    """
+    root = Path(dest)
+    if root.exists() and any(root.iterdir()):
+        raise ConfigError(f"{root}: exists and is not empty; rlpipe init makes a new project")
+    if not rewards and answer_column is None:
+        raise ConfigError("without --reward the built-in exact_answer reward scores against the answer column; "
+                          "give --answer-column or a --reward")
+    if chat_template not in ("auto", "on", "off"):
+        raise ConfigError(f"--chat-template {chat_template!r} is not one of auto, on, off")
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device!r} is not one of cpu, cuda")
+    template = pipeline.template_root()
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        report = _fill(root, template, model=model, train=train, eval_=eval_, rewards=rewards,
+                       prompt_column=prompt_column, answer_column=answer_column, chat_template=chat_template,
+                       device=device, settings=settings or {}, reward_source=reward_source)
+        if git:
+            _git_and_dvc(root, [MODEL_DIR, DATA_DIR])
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)  # never leave half a project behind
+        raise
+    if git:  # after the clean-up window: a missing git identity must not cost the finished project
+        _first_commit(root)
+    return report
+
+
+def _fill(root: Path, template: Path, *, model, train, eval_, rewards, prompt_column, answer_column,
+          chat_template, device, settings, reward_source) -> InitReport:
+    (root / DATA_DIR).mkdir()
+    files = {split: sources.import_prompt_file(src, root / DATA_DIR, split)
+             for split, src in (("train", train), ("eval", eval_))}
+    columns = {split: sources.check_columns(f, prompt_column, answer_column) for split, f in files.items()}
+    sources.copy_model(model, root / MODEL_DIR)
+    user_rewards = tuple(sources.import_reward(name, root, columns=columns["train"], source_dir=reward_source)
+                         for name in rewards)
+    reward_files = sorted({f for r in user_rewards for f in r.files})
+    shutil.copytree(template / "stages", root / "stages", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (root / "dvc.yaml").write_text(pipeline.project_dvc_yaml((template / "dvc.yaml").read_text(),
+                                                             reward_files=reward_files))
+    pipeline.project_params((template / "params.yaml").read_text(), model=MODEL_DIR,
+                            train=files["train"].relative_to(root).as_posix(),
+                            eval_=files["eval"].relative_to(root).as_posix(), prompt_column=prompt_column,
+                            answer_column=answer_column, chat_template=chat_template, device=device,
+                            rewards=user_rewards, settings=settings, work=root)
+    (root / ".gitignore").write_text(GITIGNORE)
+    if not _unset(user_rewards):
+        load_params(root / "params.yaml")  # the written file passes the strict loader (unless options wait)
+    return InitReport(root=root, rewards=user_rewards, num_train=read_table_file(files["train"]).height,
+                      num_eval=read_table_file(files["eval"]).height)
+
+
+def _unset(rewards: Sequence[sources.UserReward]) -> bool:
+    return any(v == UNSET_OPTION for r in rewards for v in r.options.values())
+
+
+def _run(cmd: list[str], root: Path) -> None:
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ConfigError(f"`{' '.join(cmd)}` failed in {root} (exit {proc.returncode}): "
+                          f"{(proc.stderr or proc.stdout).strip()}")
+
+
+def _git_and_dvc(root: Path, tracked: list[str]) -> None:
+    """git init, dvc init, `dvc add` the model and the prompt files (each file of data/ on its own)."""
+    _run(["git", "init", "-q"], root)
+    _run(["dvc", "init", "-q"], root)
+    (root / ".dvcignore").write_text(DVCIGNORE)
+    _run(["dvc", "config", "core.analytics", "false"], root)
+    files = [t for t in tracked if t != DATA_DIR] + sorted(f"{DATA_DIR}/{p.name}" for p in (root / DATA_DIR).iterdir())
+    _run(["dvc", "add", "-q", *files], root)
+    _run(["git", "add", "-A"], root)
+
+
+def _first_commit(root: Path) -> None:
+    try:
+        _run(["git", "commit", "-q", "-m", "rlpipe init: the project (model and prompt files tracked by DVC)"], root)
+    except ConfigError as e:
+        raise ConfigError(f"the project is written, but its first commit failed ({e}); fix that (often: "
+                          f"`git config --global user.email ...`), then `git -C {root} commit -m init`") from None

@@ -1,0 +1,159 @@
+"""`rlpipe init` without running the pipeline: the files it writes, what it refuses, the sources it reads.
+
+Independent of the live params.yaml: a project's params come from rlpipe's template with every
+key `rlpipe init` owns overwritten, which is what these tests check.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import polars as pl
+import pytest
+import yaml
+
+from rlpipe.config import UNSET_OPTION, load_params
+from rlpipe.errors import ConfigError
+from rlpipe.project.init import MODEL_DIR, init_project
+from rlpipe.project.pipeline import MODEL_KEYS
+
+REWARDS = '''
+def brevity(sample, *, target_tokens, floor=0.0):
+    return max(floor, 1.0 - sample.completion_tokens / target_tokens)
+
+
+def trl_match(prompts, completions, answer, *, bonus=1.0, **kwargs):
+    return [bonus * (c == a) for c, a in zip(completions, answer)]
+'''
+
+
+@pytest.fixture()
+def inputs(tmp_path):
+    model = tmp_path / "in" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")  # init copies the directory; it loads nothing from it
+    rows = [{"question": f"q{i}", "solution": str(i), "level": i % 3} for i in range(5)]
+    pl.DataFrame(rows).write_ndjson(tmp_path / "in" / "train.jsonl")
+    pl.DataFrame(rows[:2]).write_parquet(tmp_path / "in" / "eval.parquet")
+    (tmp_path / "in" / "myrewards.py").write_text(REWARDS)
+    return tmp_path / "in"
+
+
+def make(inputs, dest, **kwargs):
+    defaults = dict(model=inputs / "model", train=inputs / "train.jsonl", eval_=inputs / "eval.parquet",
+                    prompt_column="question", answer_column="solution", git=False, reward_source=inputs)
+    return init_project(dest, **{**defaults, **kwargs})
+
+
+def test_params_point_every_model_path_at_the_copied_model(inputs, tmp_path):
+    report = make(inputs, tmp_path / "p", settings={"generate.group_size": 2}, device="cuda")
+    params = load_params(tmp_path / "p" / "params.yaml")
+    raw = yaml.safe_load((tmp_path / "p" / "params.yaml").read_text())
+    for key in MODEL_KEYS:
+        section, *rest = key.split(".")
+        node = raw[section]
+        for part in rest:
+            node = node[part]
+        assert node == MODEL_DIR, key
+    assert (params.iteration, params.policy.version, params.policy.max_staleness, params.reference.version) == (0,) * 4
+    assert params.prepare.source == "files" and params.prepare.files.prompt_column == "question"
+    assert (params.prepare.files.train, params.prepare.files.eval) == ("data/train.jsonl", "data/eval.parquet")
+    assert params.generate.group_size == 2 and params.train.device == "cuda" and params.generate.dtype == "bfloat16"
+    assert [r.name for r in params.score.rewards] == ["exact_answer", "digit_match"]  # no --reward: the built-ins
+    assert (tmp_path / "p" / MODEL_DIR / "config.json").is_file() and (report.num_train, report.num_eval) == (5, 2)
+    assert "# pi_old" in (tmp_path / "p" / "params.yaml").read_text()  # the template's comments kept
+
+
+def test_dvc_yaml_depends_on_the_users_files_not_the_tiny_model(inputs, tmp_path):
+    make(inputs, tmp_path / "p", rewards=["myrewards:brevity"])
+    stages = yaml.safe_load((tmp_path / "p" / "dvc.yaml").read_text())["stages"]
+    assert "${paths.model_dir}" not in stages["prepare"]["outs"]
+    assert {"${prepare.files.train}", "${prepare.files.eval}"} <= set(stages["prepare"]["deps"])
+    assert all(not str(d).startswith("rlpipe/") for s in stages.values() for d in s["deps"])
+    assert "myrewards.py" in stages["score"]["deps"] and "myrewards.py" in stages["evaluate"]["deps"]
+    assert (tmp_path / "p" / "myrewards.py").read_text() == REWARDS
+    assert (tmp_path / "p" / "stages" / "score.py").is_file()
+
+
+def test_reward_options_to_fill_in_are_listed_and_refused_by_name(inputs, tmp_path):
+    report = make(inputs, tmp_path / "p", rewards=["myrewards:brevity", "myrewards:trl_match"])
+    assert report.unset_options == ["myrewards:brevity: target_tokens"]
+    rewards = yaml.safe_load((tmp_path / "p" / "params.yaml").read_text())["score"]["rewards"]
+    assert rewards[0]["options"] == {"target_tokens": UNSET_OPTION, "floor": 0.0}
+    assert rewards[1]["options"] == {"bonus": 1.0}  # TRL-style: answer is a column of the file, not an option
+    with pytest.raises(ConfigError, match=r"score.rewards\[0\] \(myrewards:brevity\).options.target_tokens"):
+        load_params(tmp_path / "p" / "params.yaml")
+    path = tmp_path / "p" / "params.yaml"
+    path.write_text(path.read_text().replace(UNSET_OPTION, "200"))
+    params = load_params(path)
+    assert params.score.accuracy_reward == "myrewards:brevity"
+
+
+@pytest.mark.parametrize("problem, match", [
+    (dict(prompt_column="prompt"), "no column 'prompt'"),
+    (dict(rewards=["nowhere:fn"]), "cannot import module 'nowhere'"),
+    (dict(rewards=["myrewards:missing"]), "has no attribute 'missing'"),
+    (dict(device="tpu"), "--device"),
+])
+def test_refusals_name_the_problem_and_leave_nothing_behind(inputs, tmp_path, problem, match):
+    with pytest.raises(ConfigError, match=match):
+        make(inputs, tmp_path / "p", **problem)
+    assert not (tmp_path / "p").exists()
+
+
+def test_refuses_a_non_empty_directory(inputs, tmp_path):
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "keep.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="not empty"):
+        make(inputs, tmp_path / "p")
+    assert (tmp_path / "p" / "keep.txt").read_text() == "mine"
+
+
+def test_csv_prompts(inputs, tmp_path):
+    pl.read_ndjson(inputs / "train.jsonl").write_csv(inputs / "train.csv")
+    make(inputs, tmp_path / "p", train=inputs / "train.csv")
+    assert load_params(tmp_path / "p" / "params.yaml").prepare.files.train == "data/train.csv"
+
+
+def test_hf_datasets_directory_is_converted_to_parquet(inputs, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = pl.read_ndjson(inputs / "train.jsonl").to_dicts()
+    datasets.Dataset.from_list(rows).save_to_disk(str(inputs / "hf_train"))
+    make(inputs, tmp_path / "p", train=inputs / "hf_train")
+    assert pl.read_parquet(tmp_path / "p" / "data" / "train.parquet").to_dicts() == rows
+
+
+def test_git_and_dvc_initialised_with_the_inputs_tracked_by_dvc(inputs, tmp_path):
+    make(inputs, tmp_path / "p", git=True)
+    root = tmp_path / "p"
+    files = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    assert {"models/base.dvc", "data/train.jsonl.dvc", "data/eval.parquet.dvc", "dvc.yaml", "params.yaml",
+            ".gitignore", ".dvcignore", "stages/train.py"} <= set(files)
+    assert "dvc_plots/" in (root / ".gitignore").read_text()
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
+    assert status == ""
+    assert json.loads((root / MODEL_DIR / "config.json").read_text()) == {}
+
+
+def test_a_built_in_reward_by_name_lists_its_options(inputs, tmp_path):
+    report = make(inputs, tmp_path / "p", rewards=["format_regex", "myrewards:brevity"])
+    assert [r.name for r in report.rewards] == ["format_regex", "myrewards:brevity"]
+    assert report.rewards[0].options == {"pattern": UNSET_OPTION, "mode": UNSET_OPTION} and not report.rewards[0].files
+
+
+def test_cli_init_and_version(inputs, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rlpipe.cli import app
+
+    monkeypatch.chdir(inputs)  # where the reward module sits
+    result = CliRunner().invoke(app, ["init", str(tmp_path / "p"), "--model", "model", "--train", "train.jsonl",
+                                      "--eval", "eval.parquet", "--prompt-column", "question", "--answer-column",
+                                      "solution", "--reward", "myrewards:brevity", "--set", "generate.group_size=3",
+                                      "--set", "iterate.trackers=[dvclive]"])
+    assert result.exit_code == 0, result.output
+    assert "myrewards:brevity: target_tokens" in result.output and "dvc repro" in result.output
+    raw = yaml.safe_load((tmp_path / "p" / "params.yaml").read_text())
+    assert raw["generate"]["group_size"] == 3 and raw["iterate"]["trackers"] == ["dvclive"]
+    version = CliRunner().invoke(app, ["--version"])
+    assert version.exit_code == 0 and version.output.startswith("rlpipe ")
