@@ -142,6 +142,9 @@ def setup(work: Path, args) -> None:
         params = merge(params, settings)
         dvc_yaml = user_mode_dvc_yaml(dvc_yaml)
     params = merge(params, {"worker": {"stage_server": args.servers, "engine_server": "auto" if args.servers else False}})
+    if args.lora_rank:  # train a LoRA adapter (docs/lora.md) at ~10x the full fine-tuning learning rate
+        params = merge(params, {"train": {"lora": {"rank": args.lora_rank},
+                                          "lr": params["train"]["lr"] * 10}})
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (work / "dvc.yaml").write_text(dvc_yaml)
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=work, check=True)
@@ -176,6 +179,7 @@ def main() -> None:
                     help="generate.vllm.gpu_memory_utilization (lower it when train shares the GPU at the same time)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the --shape workload on the CPU "
                                                                             "(to check the script; use --shape check)")
+    ap.add_argument("--lora-rank", type=int, default=0, help="R > 0: train.lora.rank R (and 10x train.lr)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args()
     work = Path(args.workdir).resolve()

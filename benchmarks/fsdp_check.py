@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlpipe.config import CriticTrainConfig, TrainConfig  # noqa: E402
+from rlpipe.config import CriticTrainConfig, LoraConfig, TrainConfig  # noqa: E402
 from rlpipe.distributed import finish, start  # noqa: E402
 from rlpipe.training.loop import train_policy  # noqa: E402
 from rlpipe.training.objective import TrainingData  # noqa: E402
@@ -72,7 +72,9 @@ def train_config(device: str, epochs: int, minibatch: int = 32, micro_batch: int
         max_tokens_per_micro_batch=0, lr=1e-6,
         weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0, entropy_coef=0.0, device=device,
         dtype="bfloat16", chunk_size=1024, max_skipped_steps=0, checkpoint_every_steps=0,
-        checkpoint_every_s=0.0, checkpoint_fsync=False, save_dtype="auto", master_weights="auto")
+        checkpoint_every_s=0.0, checkpoint_fsync=False, save_dtype="auto", master_weights="auto",
+        max_sampler_mismatch=None, lora=LoraConfig(rank=None, alpha=32.0, dropout=0.0, target_modules="all-linear",
+                                                   train_lm_head=False, train_embeddings=False))
 
 
 def main() -> None:

@@ -265,6 +265,27 @@ def gc(keep: Optional[int] = typer.Option(None, "--keep", min=1,
 
 
 @app.command()
+def export(checkpoint: str = typer.Argument(..., help="a LoRA checkpoint (adapter directory)"),
+           out: str = typer.Argument(..., help="directory to write the standalone model to"),
+           merge: bool = typer.Option(False, "--merge", help="merge the adapter into its base (required)"),
+           base: Optional[str] = typer.Option(None, "--base", help="the base model dir, if not the recorded one "
+                                                                   "(its content hash must match)"),
+           dtype: str = typer.Option("auto", help="dtype of the written weights: auto (the base's), float32, "
+                                                  "bfloat16, float16")) -> None:
+    """Write a LoRA checkpoint merged into its base as a standalone Hugging Face model (for serving)."""
+    if not merge:
+        _fail(RlpipeError("export writes a merged model only: pass --merge"))
+    from rlpipe.lora.export import export_merged
+
+    try:
+        info = export_merged(checkpoint, out, base=base, dtype=dtype)
+    except RlpipeError as e:
+        _fail(e)
+    typer.echo(f"{out}: {checkpoint} merged into {info['base']} ({info['dtype']}, policy version "
+               f"{info['policy_version']})")
+
+
+@app.command()
 def commands(params: str = typer.Option("params.yaml", help="params file"),
              dvc_yaml: str = typer.Option("dvc.yaml", help="the pipeline file")) -> None:
     """Print every stage's command line with paths from params.yaml (to run the stages without DVC)."""

@@ -233,6 +233,24 @@ class CriticTrainConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """train.lora: train a LoRA adapter (PEFT) over the frozen start model instead of every weight (docs/lora.md).
+
+    The checkpoint is then the adapter alone (megabytes) plus the base model's path and content hash.
+    """
+    rank: int | None  # r; null or 0 = off (full fine-tuning). RL works at 1-32 on all linear layers (docs/lora.md)
+    alpha: float  # the update B @ A is scaled by alpha / r
+    dropout: float  # on the adapter's input during optimizer steps (old/new log-probs are taken without it)
+    target_modules: str | tuple[str, ...]  # "all-linear" or module names (q_proj, ...), checked against the model
+    train_lm_head: bool  # also train the LM head in full (PEFT modules_to_save; the hf engine serves it, vLLM not)
+    train_embeddings: bool  # also train the input embeddings in full (same)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.rank)
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     policy_loss: Literal["ppo_clip", "gspo", "gspo_token"]  # gspo: the form train.gspo_form names
     eps_low: float
@@ -278,6 +296,8 @@ class TrainConfig:
     checkpoint_fsync: bool  # fsync each resume state (survives a power loss, not only a killed process)
     save_dtype: Literal["auto", "float32", "bfloat16", "float16"]  # the checkpoint's weights; auto = the policy's own
     master_weights: bool | Literal["auto"]  # also keep float32 weights for the next train when save_dtype is lower
+    max_sampler_mismatch: float | None  # fail when mean |log pi_old - log pi_sampler| exceeds it (staleness 0); null = off
+    lora: LoraConfig  # LoRA instead of full fine-tuning; rank null/0 = off
 
 
 @dataclass(frozen=True)
@@ -523,6 +543,15 @@ def _check_consistency(params: Params, path: Path) -> None:
     need(t.max_skipped_steps >= 0, "train.max_skipped_steps must be >= 0")
     need(t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps must be >= 0 (0 = off)")
     need(t.checkpoint_every_s >= 0, "train.checkpoint_every_s must be >= 0 (0 = off)")
+    lora = t.lora
+    need(lora.rank is None or lora.rank >= 0,
+         f"train.lora.rank must be >= 1 for LoRA, or 0/null for full fine-tuning (got {lora.rank})")
+    need(lora.alpha > 0, f"train.lora.alpha must be > 0 (got {lora.alpha})")
+    need(0 <= lora.dropout < 1, f"train.lora.dropout must be in [0, 1) (got {lora.dropout})")
+    need(lora.target_modules == "all-linear" if isinstance(lora.target_modules, str) else len(lora.target_modules) > 0,
+         f"train.lora.target_modules must be 'all-linear' or a non-empty list of module names "
+         f"(got {lora.target_modules!r})")
+    need(t.max_sampler_mismatch is None or t.max_sampler_mismatch > 0, "train.max_sampler_mismatch must be > 0 or null")
     need(params.reference.refresh_every >= 0, "reference.refresh_every must be >= 0")
     need(params.iterate.keep_checkpoints >= 0, "iterate.keep_checkpoints must be >= 0 (0 = keep all)")
     a = params.advantage

@@ -131,13 +131,20 @@ def build_engine(engine: str, *, device: str, dtype: str, batch_size: int, vllm:
         model = load_model(model_dir, device=device, dtype=dtype)
         return HFEngine.from_model(model, batch_size=batch_size, eos_token_ids=eos_token_ids,
                                    pad_token_id=pad_token_id)
-    from rlpipe.engines.vllm import VLLMEngine
+    from rlpipe.engines.vllm import VLLMEngine, lora_serving
 
-    return VLLMEngine(model_dir, dtype=dtype, eos_token_ids=eos_token_ids,
-                      tensor_parallel_size=vllm.tensor_parallel_size, data_parallel_size=vllm.data_parallel_size,
-                      gpu_memory_utilization=vllm.gpu_memory_utilization,
-                      enable_prefix_caching=vllm.enable_prefix_caching, enforce_eager=vllm.enforce_eager,
-                      max_model_len=vllm.max_model_len)
+    try:
+        base, adapter, rank = lora_serving(model_dir)  # a LoRA policy: the base, with the adapter per request
+    except ValueError as e:
+        raise ConfigError(f"{section}.engine: {e}") from None
+    built = VLLMEngine(base, dtype=dtype, eos_token_ids=eos_token_ids,
+                       tensor_parallel_size=vllm.tensor_parallel_size, data_parallel_size=vllm.data_parallel_size,
+                       gpu_memory_utilization=vllm.gpu_memory_utilization,
+                       enable_prefix_caching=vllm.enable_prefix_caching, enforce_eager=vllm.enforce_eager,
+                       max_model_len=vllm.max_model_len, max_lora_rank=rank)
+    if adapter is not None:
+        built.use_adapter(adapter)
+    return built
 
 
 def generate_rollouts(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: GenerateConfig, seed: int,

@@ -1,6 +1,8 @@
 """Loading and saving HF models and tokenizers from local directories, with clear errors.
 
 No hub access anywhere: a path that is not a local model directory is an error, never a download.
+Every model-directory argument may also be a LoRA adapter directory (rlpipe/lora): `load_model` is the
+one loader that puts the adapter over its base; config, tokenizer and EOS ids come from the base.
 The policy version travels inside the checkpoint (``rlpipe.json``) so that a stage can refuse
 rollouts that were sampled by a different policy than the one it is given.
 """
@@ -14,6 +16,7 @@ from typing import Any
 
 from rlpipe.errors import ArtifactError
 from rlpipe.io import CHECKPOINT_INFO, atomic_path, read_policy_version  # noqa: F401  (re-exported for stages)
+from rlpipe.lora.adapter import is_adapter_dir, model_dir_of
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -45,7 +48,8 @@ def _missing(p: Path) -> ArtifactError:
 
 
 def check_model_dir(path: str | Path) -> Path:
-    p = Path(path)
+    """The directory holding ``path``'s config.json: ``path``, or the base model of an adapter directory."""
+    p = model_dir_of(path) if is_adapter_dir(path) else Path(path)
     if not p.is_dir():
         raise _missing(p)
     if not (p / "config.json").is_file():
@@ -54,10 +58,10 @@ def check_model_dir(path: str | Path) -> Path:
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer saved in a model directory (a tokenizer-only directory works too)."""
+    """The tokenizer saved in a model directory (a tokenizer-only directory works too; an adapter's is its base's)."""
     from transformers import AutoTokenizer
 
-    p = Path(path)
+    p = model_dir_of(path) if is_adapter_dir(path) else Path(path)
     if not p.is_dir():
         raise _missing(p)
     try:
@@ -70,8 +74,14 @@ def load_tokenizer(path: str | Path) -> Any:
 
 
 def load_model(path: str | Path, *, device: str, dtype: str) -> Any:
+    """The causal LM of a model directory, or of an adapter directory: its base (hash-checked) with the
+    adapter applied inside its layers (PEFT, unmerged), as a plain transformers module in inference use."""
     from transformers import AutoModelForCausalLM
 
+    if is_adapter_dir(path):
+        from rlpipe.lora.peft_model import load_adapter_model
+
+        return load_adapter_model(path, device=device, dtype=dtype).get_base_model()
     p = check_model_dir(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(p), dtype=DTYPES[dtype], local_files_only=True)
@@ -115,7 +125,7 @@ def model_eos_token_ids(path: str | Path, tokenizer: Any) -> list[int]:
 
     config = read_model_config(path)
     try:
-        generation = GenerationConfig.from_pretrained(str(path), local_files_only=True)
+        generation = GenerationConfig.from_pretrained(str(check_model_dir(path)), local_files_only=True)
     except OSError:
         generation = GenerationConfig.from_model_config(config)
     return eos_token_ids(SimpleNamespace(generation_config=generation), tokenizer)

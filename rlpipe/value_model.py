@@ -13,7 +13,9 @@ is. The price is a second body in memory during training (see docs/ppo.md for th
 On disk a scalar-head model is a Hugging Face *base model* directory (config.json + safetensors of
 e.g. ``LlamaModel``), the tokenizer, ``scalar_head.safetensors`` and ``rlpipe.json`` with
 ``kind: scalar_head``. Starting from a plain causal-LM directory (the policy or the SFT model)
-loads its body (the LM head is dropped) and draws a fresh head from a seed.
+loads its body (the LM head is dropped) and draws a fresh head from a seed. A LoRA adapter directory
+gives its base with the adapter merged (float32, a fresh copy): the critic and the reward model train
+their whole body, so an adapter of their own would save nothing in their stages (docs/lora.md).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from rlpipe.engines.base import eval_mode
 from rlpipe.engines.logprobs import TokenBatch, make_token_batch
 from rlpipe.errors import ArtifactError
 from rlpipe.io import CHECKPOINT_INFO, atomic_path
+from rlpipe.lora.adapter import is_adapter_dir
 from rlpipe.models import DTYPES, check_model_dir
 
 HEAD_FILE = "scalar_head.safetensors"
@@ -68,11 +71,18 @@ def load_scalar_model(path: str | Path, *, seed: int, device: str, dtype: str = 
     """
     from transformers import AutoModel
 
-    p = check_model_dir(path)
-    try:
-        body = AutoModel.from_pretrained(str(p), dtype=DTYPES[dtype], local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise ArtifactError(f"{p}: could not load a model body for the scalar head: {e}") from None
+    if is_adapter_dir(path):  # a LoRA policy: its base with the adapter merged into a fresh copy, then its body
+        from rlpipe.lora.peft_model import merged_model
+
+        lm = merged_model(path).to(DTYPES[dtype])
+        body = getattr(lm, lm.base_model_prefix)
+        p = Path(path)
+    else:
+        p = check_model_dir(path)
+        try:
+            body = AutoModel.from_pretrained(str(p), dtype=DTYPES[dtype], local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise ArtifactError(f"{p}: could not load a model body for the scalar head: {e}") from None
     hidden = int(body.config.hidden_size)
     head = torch.nn.Linear(hidden, 1, dtype=torch.float32)
     if is_scalar_model_dir(p):

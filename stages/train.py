@@ -29,13 +29,14 @@ from rlpipe.critic import load_critic, save_critic
 from rlpipe.distributed import finish, start
 from rlpipe.engines.logprobs import (compile_decoder_layers, compile_layers_wanted, compile_seconds,
                                      enable_gradient_checkpointing)
-from rlpipe.errors import ArtifactError
+from rlpipe.errors import ArtifactError, ConfigError
+from rlpipe.lora.adapter import is_adapter_dir
 from rlpipe.training.data import check_policy_version, training_data, training_frame
 from rlpipe.progress import stage_progress
 from rlpipe.training.loop import count_optimizer_steps, train_policy
 from rlpipe.training.resume import ResumeStates, resume_key
-from rlpipe.training.report import (importance_weights, reward_stats, sampler_mismatch, token_stats_frame,
-                                   write_steps_csv)
+from rlpipe.training.report import (check_sampler, importance_weights, reward_stats, sampler_check_applies,
+                                   sampler_mismatch, token_stats_frame, write_steps_csv)
 
 app = typer.Typer(add_completion=False)
 
@@ -76,8 +77,20 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
                                read_artifact(values, VALUES) if with_critic else None)
         score_frame = read_artifact(scores, SCORES).frame
         tokenizer = load_tokenizer(policy)
-        weights = trainable_weights_dir(policy)  # the exact float32 weights the last train ended with, if kept
-        model = load_model(weights, device=cfg.device, dtype="float32")
+        lora = None
+        if cfg.lora.enabled:  # a fresh adapter over the start model, or the adapter it is, continued
+            from rlpipe.lora.peft_model import lora_for_training
+
+            lora = lora_for_training(policy, cfg.lora, device=cfg.device,
+                                     replaced=[p.paths.checkpoint, "state", ".rlpipe"])
+            weights, model = Path(policy), lora.peft_model.get_base_model()
+        elif is_adapter_dir(policy):
+            raise ConfigError(f"train.lora.rank: null (full fine-tuning), but policy.latest_path {policy} is a LoRA "
+                              "adapter: set train.lora as the adapter was trained, or `rlpipe export --merge` it "
+                              "and start full fine-tuning from the merged model")
+        else:
+            weights = trainable_weights_dir(policy)  # the exact float32 weights the last train ended with, if kept
+            model = load_model(weights, device=cfg.device, dtype="float32")
         critic_model = load_critic(critic, seed=p.seed, device=cfg.device) if with_critic else None
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(model)
@@ -102,21 +115,40 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
              **({"world_size": dist.world_size} if dist else {})}))
         state = states.load()
         total = count_optimizer_steps(int(data.trainable.sum()), cfg)
+        skip_check = sampler_check_applies(staleness=staleness, sampling=roll.metadata.get("sampling"),
+                                           tolerance=cfg.max_sampler_mismatch)
+        check_old = None if skip_check else (lambda old: check_sampler(frame, old, tolerance=cfg.max_sampler_mismatch,
+                                                                      policy=policy))
         with stage_progress("train", total=total, unit="steps") as advance:
             result = train_policy(model, data, cfg, temperature=p.generate.temperature,
                                   pad_token_id=tokenizer.pad_token_id, seed=p.seed, iteration=p.iteration,
                                   max_length=p.generate.max_completion_tokens, critic=critic_model, progress=advance,
-                                  resume=state, save_state=states.save, dist=sharded)
+                                  resume=state, save_state=states.save, dist=sharded, check_old=check_old)
         states.wait()
     timer.move(compile_seconds(), to="compile")
     with timer.phase("write"):
         if sharded is not None:
-            model, critic_model = gathered_models(sharded, policy, critic, seed=p.seed)
+            rebuild = None
+            if lora is not None:  # rank 0 saves the adapter of a CPU copy of the PEFT model
+                from rlpipe.lora.peft_model import lora_for_training
+
+                rebuild = lambda: lora_for_training(policy, cfg.lora, device="cpu", replaced=[]).peft_model  # noqa: E731
+            model, critic_model = gathered_models(sharded, policy, critic, seed=p.seed, rebuild=rebuild)
+            if lora is not None and model is not None:
+                lora.peft_model = model
         save_dtype = stored_dtype(policy) if cfg.save_dtype == "auto" else cfg.save_dtype
         master = save_dtype != "float32" if cfg.master_weights == "auto" else cfg.master_weights
+        if lora is not None:  # the adapter alone, in float32 (megabytes): no master copy needed
+            save_dtype, master = "float32", False
         if writes:
-            save_checkpoint(model, tokenizer, checkpoint, policy_version=p.iteration + 1, dtype=save_dtype,
-                            master_weights=master)
+            if lora is not None:
+                from rlpipe.lora.peft_model import save_adapter
+
+                save_adapter(lora.peft_model, checkpoint, policy_version=p.iteration + 1, base_path=lora.base_path,
+                             base_hash=lora.base_hash)
+            else:
+                save_checkpoint(model, tokenizer, checkpoint, policy_version=p.iteration + 1, dtype=save_dtype,
+                                master_weights=master)
             if critic_checkpoint:
                 save_critic(critic_model, tokenizer, critic_checkpoint, version=p.iteration + 1,
                             estimator=p.advantage.estimator)
@@ -132,6 +164,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
          "sampler_policy_version": p.policy.version,
          "policy_version_out": p.iteration + 1, "policy_loss_function": cfg.policy_loss_function,
          "profile": p.profile, "fine_points": fine_points(p), "compiled_layers": compiled,
+         "sampler_check": skip_check or "passed",
+         "lora": lora.metrics() if lora is not None else None,
          "resumed_from_step": int(state["step"]) if state else 0, "resume_states_written": states.written,
          "checkpoint_dtype": save_dtype, "master_weights": {"loaded": weights != Path(policy), "saved": master and
                                                             save_dtype != "float32"}}

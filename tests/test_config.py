@@ -412,3 +412,49 @@ def test_environment_settings_and_the_calculator_task_load(tmp_path, data):
     data["prepare"]["tiny"]["task"] = "tools"
     assert config_error(dump(tmp_path, data)).endswith(
         ": prepare.tiny.task: 'tools' is not one of ['addition', 'calculator']")
+
+
+# ----------------------------------------------------------------------------------------------
+# train.lora
+# ----------------------------------------------------------------------------------------------
+
+def test_lora_is_off_by_default_and_rank_zero_is_off_too(tmp_path, data):
+    assert load_params(PARAMS).train.lora.enabled is False
+    data["train"]["lora"]["rank"] = 0
+    assert load_params(dump(tmp_path, data)).train.lora.enabled is False
+    data["train"]["lora"]["rank"] = 16
+    lora = load_params(dump(tmp_path, data)).train.lora
+    assert lora.enabled and lora.rank == 16 and lora.target_modules == "all-linear"
+
+
+def test_lora_target_modules_as_a_list_become_a_tuple(tmp_path, data):
+    data["train"]["lora"]["target_modules"] = ["q_proj", "v_proj"]
+    assert load_params(dump(tmp_path, data)).train.lora.target_modules == ("q_proj", "v_proj")
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("rank", -4, "train.lora.rank must be >= 1 for LoRA, or 0/null for full fine-tuning (got -4)"),
+    ("alpha", 0, "train.lora.alpha must be > 0"),
+    ("dropout", 1.0, "train.lora.dropout must be in [0, 1)"),
+    ("target_modules", "all-linears", "train.lora.target_modules must be 'all-linear' or a non-empty list"),
+    ("target_modules", [], "train.lora.target_modules must be 'all-linear' or a non-empty list"),
+])
+def test_lora_rules_name_the_key(tmp_path, data, key, value, expected):
+    data["train"]["lora"][key] = value
+    path = dump(tmp_path, data)
+    assert config_error(path).startswith(f"{path}: {expected}")
+
+
+def test_lora_keys_are_strict(tmp_path, data):
+    data["train"]["lora"]["rnak"] = 8
+    assert "train.lora.rnak" in config_error(dump(tmp_path, data))
+    del data["train"]["lora"]["rnak"]
+    data["train"]["lora"]["rank"] = 1.5
+    assert "train.lora.rank" in config_error(dump(tmp_path, data))
+
+
+def test_max_sampler_mismatch_must_be_positive_or_null(tmp_path, data):
+    data["train"]["max_sampler_mismatch"] = 0
+    assert "train.max_sampler_mismatch must be > 0 or null" in config_error(dump(tmp_path, data))
+    data["train"]["max_sampler_mismatch"] = None
+    assert load_params(dump(tmp_path, data)).train.max_sampler_mismatch is None

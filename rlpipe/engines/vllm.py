@@ -31,6 +31,12 @@ What rlpipe asks of vLLM, and why (checked against vLLM 0.26.0's source):
   in the HF engine. The adapter does not rely on it: the finish reason is read off the last token,
   and an EOS that a vLLM version left out of ``token_ids`` is put back with its log-prob (or the
   request fails loudly), so every per-token list has one entry per completion token.
+- A LoRA policy (an adapter directory, rlpipe/lora) is served unmerged: vLLM loads the base model
+  with ``enable_lora`` and ``max_lora_rank`` (the adapter's rank rounded up to a size vLLM compiles
+  for) and every request carries a ``LoRARequest`` for the adapter directory. A new adapter gets a new
+  integer id (vLLM caches adapters by id, so an id is never reused for other weights). Adapters that
+  train the LM head or embeddings in full (``modules_to_save``) are refused: vLLM serves LoRA layers only.
+  Written against vLLM 0.26's API; run on the GPU by tests/engines/test_vllm_gpu.py (``gpu``).
 - Prompts go in as token ids (``TokensPrompt``) with ``skip_tokenizer_init=True`` and
   ``detokenize=False``: rlpipe decodes, vLLM never loads the tokenizer.
 - Data parallelism: vLLM's offline ``LLM`` refuses ``data_parallel_size > 1`` in one process, so rlpipe
@@ -57,6 +63,33 @@ VLLM_MIN_TEMPERATURE = 1e-2
 # vLLM keeps seeds in int64 and seeds child j with seed + j: stay below 2**62 so that never overflows.
 _VLLM_SEED_BITS = 62
 LOGPROBS_MODE = "processed_logprobs"
+# The LoRA ranks vLLM's kernels are built for (vllm/config/lora.py); max_lora_rank must be one of them.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM accepts as ``max_lora_rank`` that holds an adapter of rank ``rank``."""
+    for allowed in VLLM_LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}")
+
+
+def lora_serving(model_dir: str | Path) -> tuple[Path, Path | None, int | None]:
+    """(base model dir, adapter dir or None, adapter rank or None) of a policy directory, checked for vLLM.
+
+    The base's content hash is checked against the adapter's record (rlpipe.lora.adapter.checked_base).
+    """
+    from rlpipe.lora.adapter import adapter_config, checked_base, is_adapter_dir
+
+    if not is_adapter_dir(model_dir):
+        return Path(model_dir), None, None
+    cfg = adapter_config(model_dir)
+    if cfg.get("modules_to_save"):
+        raise ValueError(f"{model_dir}: the adapter trains {cfg['modules_to_save']} in full (train.lora.train_lm_head/"
+                         "train_embeddings), which vLLM cannot serve as LoRA; use the hf engine, or "
+                         "`rlpipe export --merge` and sample from the merged model")
+    return checked_base(model_dir), Path(model_dir), int(cfg["r"])
 
 
 def vllm_available() -> bool:
@@ -139,14 +172,18 @@ def to_completion(output: Any, *, eos_token_ids: Sequence[int]) -> Completion:
 
 
 def run_requests(vllm: Any, llm: Any, requests: Sequence[PromptRequest], params: SamplingParams,
-                 eos_token_ids: Sequence[int]) -> list[list[Completion]]:
-    """Generate on one ``vllm.LLM``: one vLLM request per prompt, results in request and sample order."""
+                 eos_token_ids: Sequence[int], lora_request: Any = None) -> list[list[Completion]]:
+    """Generate on one ``vllm.LLM``: one vLLM request per prompt, results in request and sample order.
+
+    ``lora_request``: a ``vllm.lora.request.LoRARequest`` applied to every request (a LoRA policy), or None.
+    """
     if not requests:
         return []
     prompts = [vllm.TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
     sampling = [vllm.SamplingParams(**vllm_sampling_kwargs(params, n=r.n, seed=r.seed, eos_token_ids=eos_token_ids))
                 for r in requests]
-    outputs = llm.generate(prompts, sampling, use_tqdm=False)  # returned in prompt order
+    lora = {"lora_request": lora_request} if lora_request is not None else {}
+    outputs = llm.generate(prompts, sampling, use_tqdm=False, **lora)  # returned in prompt order
     if len(outputs) != len(requests):
         raise RuntimeError(f"vLLM returned {len(outputs)} results for {len(requests)} prompts")
     groups = []
@@ -205,9 +242,10 @@ class _LocalReplica:
         self._llm = self._vllm.LLM(**llm_kwargs)
         self._eos = tuple(eos_token_ids)
         self._result: list[list[Completion]] = []
+        self._lora_request: Any = None
 
     def submit(self, requests: Sequence[PromptRequest], params: SamplingParams) -> None:
-        self._result = run_requests(self._vllm, self._llm, requests, params, self._eos)
+        self._result = run_requests(self._vllm, self._llm, requests, params, self._eos, self._lora_request)
 
     def result(self) -> list[list[Completion]]:
         result, self._result = self._result, []
@@ -222,6 +260,15 @@ class _LocalReplica:
         # stay); cached prefixes were computed with the old weights and must go.
         self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
         self._llm.reset_prefix_cache()
+
+    def _use_adapter(self, spec: tuple[str, int, str] | None) -> None:
+        if spec is None:
+            self._lora_request = None
+            return
+        from importlib import import_module
+
+        name, int_id, path = spec
+        self._lora_request = import_module("vllm.lora.request").LoRARequest(name, int_id, path)
 
     def _sleep(self) -> None:
         self._llm.sleep(level=2)  # weights and KV cache freed; the next request reloads the weights
@@ -326,6 +373,7 @@ class VLLMEngine:
     max_model_len: context length vLLM plans for (None: the model's own).
     seed: vLLM's engine-wide seed; sampling uses each request's own seed, so it only affects vLLM internals.
     enable_sleep_mode: allow `sleep` / `wake_up` (vLLM's own allocator; the engine server uses it).
+    max_lora_rank: serve LoRA adapters up to this rank (one of VLLM_LORA_RANKS; `use_adapter` picks one); None = off.
     """
 
     name = "vllm"
@@ -344,6 +392,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         seed: int = 0,
         enable_sleep_mode: bool = False,
+        max_lora_rank: int | None = None,
     ) -> None:
         if len(eos_token_ids) == 0:
             raise ValueError("eos_token_ids must name at least one token")
@@ -366,6 +415,12 @@ class VLLMEngine:
         }
         if enable_sleep_mode:
             self.llm_kwargs["enable_sleep_mode"] = True
+        self.max_lora_rank = max_lora_rank
+        self.adapter: str | None = None
+        self._lora_ids = 0
+        if max_lora_rank is not None:
+            # one adapter at a time (the policy); its rank padded to what vLLM compiles for
+            self.llm_kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(max_lora_rank), max_loras=1)
         self._replicas: list[Any]
         if data_parallel_size == 1:
             self._replicas = [_LocalReplica(self.llm_kwargs, self.eos_token_ids)]
@@ -412,6 +467,22 @@ class VLLMEngine:
         """
         for replica in self._replicas:
             replica.call("reload_weights", str(model_dir))
+
+    def use_adapter(self, adapter_dir: str | Path | None) -> None:
+        """Sample through the LoRA adapter in ``adapter_dir`` from now on (None: the base weights alone).
+
+        Each call gives the adapter a new vLLM id, so new weights in the same directory are loaded, never
+        taken from vLLM's adapter cache.
+        """
+        if adapter_dir is not None and self.max_lora_rank is None:
+            raise ValueError("this vLLM engine was built without LoRA (max_lora_rank); rebuild it for an adapter")
+        spec = None
+        if adapter_dir is not None:
+            self._lora_ids += 1
+            spec = (f"rlpipe-policy-{self._lora_ids}", self._lora_ids, str(Path(adapter_dir).resolve()))
+        for replica in self._replicas:
+            replica.call("use_adapter", spec)
+        self.adapter = None if adapter_dir is None else str(adapter_dir)
 
     def sleep(self) -> None:
         """Free the GPU memory of weights and KV cache (vLLM sleep level 2); `wake_up` and `reload_weights` undo it."""

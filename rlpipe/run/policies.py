@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rlpipe.errors import RlpipeError
 from rlpipe.io import atomic_path, read_policy_version
+from rlpipe.lora.adapter import is_policy_dir
 
 STORE = ".rlpipe/policies"
 
@@ -47,7 +48,7 @@ def _link_or_copy(src: str, dst: str) -> None:
 def keep(root: Path, version: int, model_dir: Path) -> None:
     """Keep ``model_dir`` (which must hold ``version``) as that version in the store, unless already there."""
     target = root / STORE / str(version)
-    if read_policy_version(target) == version or (version == 0 and (target / "config.json").is_file()):
+    if read_policy_version(target) == version or (version == 0 and is_policy_dir(target)):
         return
     stored = read_policy_version(model_dir)
     if stored is not None and stored != version:
@@ -57,7 +58,7 @@ def keep(root: Path, version: int, model_dir: Path) -> None:
 
 def path_of(root: Path, version: int) -> Path:
     target = root / STORE / str(version)
-    if not (target / "config.json").is_file():
+    if not is_policy_dir(target):
         raise RlpipeError(f"policy version {version} is not in {root / STORE} (an overlapped run keeps the "
                           f"versions it may still sample from there); restore it from the DVC cache with "
                           f"`git checkout iteration-{version - 1} && dvc checkout train` and copy "

@@ -12,12 +12,15 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from rlpipe.config import Params
+from rlpipe.lora.adapter import is_adapter_dir, is_policy_dir, model_dir_of
 from rlpipe.worker import lifecycle, wire
 
 
 def warm_dirs(root: Path, params: Params) -> list[str]:
     dirs = {params.policy.path, params.reference.path, params.paths.model_dir}
-    return sorted(str(root / d) for d in dirs if (root / d / "config.json").is_file())
+    # an adapter's config and tokenizer are its base's (a relative base path is relative to the project root)
+    return sorted({str(root / model_dir_of(root / d)) if is_adapter_dir(root / d) else str(root / d)
+                   for d in dirs if is_policy_dir(root / d)})
 
 
 def stage_server_args(root: Path, params: Params) -> list[str]:
@@ -43,6 +46,8 @@ def engine_server_args(root: Path, params: Params) -> list[str]:
     g = params.generate
     settings = engine_settings(choose_engine(g), device=g.device, dtype=g.dtype, batch_size=g.batch_size, vllm=g.vllm)
     args = ["--settings", json.dumps(settings), "--model", str(root / params.policy.path)]
+    if params.train.lora.enabled:  # room for the adapters train will write, from the first engine start on
+        args += ["--max-lora-rank", str(params.train.lora.rank)]
     return args + (["--sleep"] if params.worker.engine_sleep else [])
 
 
@@ -71,7 +76,7 @@ class RunServers:
             lifecycle.warm(self.root, warm_dirs(self.root, params))
         if self.engine_started or not wants_engine_server(params):
             return
-        if not (self.root / params.policy.path / "config.json").is_file():
+        if not is_policy_dir(self.root / params.policy.path):
             return
         env = dict(os.environ)
         if params.worker.generate_devices is not None:  # generation on its own GPUs (overlapped runs)

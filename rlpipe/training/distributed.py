@@ -192,9 +192,13 @@ def shard_for_training(model: torch.nn.Module, dist: Dist, critic: torch.nn.Modu
     return ShardedTraining(dist=dist, policy=model, root=root, critic=critic)
 
 
-def gathered_models(sharded, policy_dir: str, critic_dir: str | None, *, seed: int):
+def gathered_models(sharded, policy_dir: str, critic_dir: str | None, *, seed: int, rebuild=None):
     """Rank 0: plain CPU copies of the trained policy and critic, from full state dicts gathered over
-    the ranks (a collective: every rank calls it); other ranks: (None, None)."""
+    the ranks (a collective: every rank calls it); other ranks: (None, None).
+
+    ``rebuild``: makes the CPU model the policy's state is loaded into (default: the policy dir's model).
+    With train.lora it is the PEFT model, whose inner causal LM takes the state and which train saves.
+    """
     policy_state, _ = sharded.state(sharded.policy)
     critic_state = sharded.state(sharded.critic)[0] if sharded.critic is not None else None
     if not sharded.dist.is_main:
@@ -202,8 +206,8 @@ def gathered_models(sharded, policy_dir: str, critic_dir: str | None, *, seed: i
     from rlpipe.critic import load_critic
     from rlpipe.models import load_model
 
-    model = load_model(policy_dir, device="cpu", dtype="float32")
-    model.load_state_dict(policy_state)
+    model = rebuild() if rebuild is not None else load_model(policy_dir, device="cpu", dtype="float32")
+    (model.get_base_model() if hasattr(model, "get_base_model") else model).load_state_dict(policy_state)
     critic_model = None
     if critic_state is not None:
         critic_model = load_critic(critic_dir, seed=seed, device="cpu")

@@ -116,7 +116,8 @@ def _adamw(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
 def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: float, pad_token_id: int,
                  seed: int, iteration: int, max_length: int, critic=None, progress: Any = None,
                  resume: dict[str, Any] | None = None,
-                 save_state: Callable[[dict[str, Any]], None] | None = None, dist=None) -> TrainResult:
+                 save_state: Callable[[dict[str, Any]], None] | None = None, dist=None,
+                 check_old: Callable[[list[np.ndarray]], None] | None = None) -> TrainResult:
     """Run cfg.epochs x minibatches of updates in place on ``model`` (and ``critic``); see module docstring.
 
     ``critic``: a `rlpipe.value_model.ScalarHeadModel` trained alongside the actor (gae), with its
@@ -133,13 +134,18 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
     ``resume``: such a state; the loop continues after its last step and ends exactly where an
     uninterrupted run ends (same shuffles, same AdamW moments, same step metrics).
     ``progress``: optional callback, called with 1 after each optimizer step (see rlpipe.progress).
+    ``check_old``: called with the recomputed log pi_old before the first step; it may raise to stop the
+    stage before any update (train's sampler check: the sampler must have run these weights).
+    With ``train.lora`` the model's base weights are frozen: only parameters that require grad are
+    optimised and kept in resume states, and LoRA's dropout layers run in train mode during the
+    optimizer steps only (the log-probs before and after stay dropout-free).
     ``dist``: under torchrun, the `ShardedTraining` that sharded ``model`` and ``critic``; every rank
     calls this and gets the same result; ``save_state`` gets full states on rank 0 only.
     """
     if (critic is None) != (data.returns is None):
         raise ValueError("a critic needs returns and old values in the training data, and returns need a critic")
     model.eval()  # no dropout: the recomputed old log-probs must equal pi_theta's at the first step
-    optimizer = _adamw(model.parameters(), cfg, cfg.lr)
+    optimizer = _adamw([p for p in model.parameters() if p.requires_grad], cfg, cfg.lr)
     critic_optimizer = None
     if critic is not None:
         critic.eval()
@@ -158,6 +164,10 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
         old_entropy = [t.numpy() for t in resume["old_entropy"]]
         done, skipped, steps = int(resume["step"]), int(resume["skipped_steps"]), list(resume["steps"])
         stopped = bool(resume.get("stopped", False))
+        if "rng" in resume:  # LoRA dropout draws from torch's global generator
+            torch.set_rng_state(resume["rng"])
+    if check_old is not None:
+        check_old(old)
     data.old_logprobs = old
     trainable = np.flatnonzero(data.trainable)
     per_epoch = math.ceil(len(trainable) / cfg.minibatch_size)
@@ -181,7 +191,7 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
         state = {"step": step, "skipped_steps": skipped, "steps": steps, "epoch": epoch, "stopped": stopped,
                  "order": torch.as_tensor(order), "model": model_state, "optimizer": optimizer_state,
                  "old_logprobs": [torch.as_tensor(x) for x in old],
-                 "old_entropy": [torch.as_tensor(x) for x in old_entropy]}
+                 "old_entropy": [torch.as_tensor(x) for x in old_entropy], "rng": torch.get_rng_state()}
         if critic is not None:
             state.update(zip(("critic", "critic_optimizer"), _state(critic, critic_optimizer, dist)))
         return state
@@ -228,15 +238,26 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
     return TrainResult(metrics=metrics, steps=steps, old_logprobs=old, old_entropy=old_entropy, new_logprobs=new)
 
 
+def _frozen(module) -> set[str]:
+    """State-dict keys of the parameters that do not train (a LoRA run's base weights): left out of resume
+    states. By identity, so that a tied weight's second name (lm_head.weight) goes too."""
+    frozen = {id(p) for p in module.parameters() if not p.requires_grad}
+    return {key for key, value in module.state_dict(keep_vars=True).items() if id(value) in frozen}
+
+
 def _state(module, optimizer, dist) -> tuple[dict[str, Any], dict[str, Any]]:
     if dist is None:
-        return module.state_dict(), optimizer.state_dict()
+        frozen = _frozen(module)
+        return {k: v for k, v in module.state_dict().items() if k not in frozen}, optimizer.state_dict()
     return dist.state(module, optimizer)
 
 
 def _load_state(module, optimizer, module_state, optimizer_state, dist) -> None:
     if dist is None:
-        module.load_state_dict(module_state)
+        missing, unexpected = module.load_state_dict(module_state, strict=False)
+        if unexpected or set(missing) - _frozen(module):
+            raise TrainingError(f"the resume state does not fit the model: unexpected {unexpected[:5]}, "
+                                f"missing {sorted(set(missing) - _frozen(module))[:5]}")
         optimizer.load_state_dict(optimizer_state)
     else:
         dist.load_state(module, optimizer, module_state, optimizer_state)
@@ -269,6 +290,9 @@ def _optimizer_step(model, critic, optimizers, data, minibatch, cfg, *, temperat
                 opt.zero_grad(set_to_none=True)  # drop what earlier micro-batches accumulated
 
     parts, losses = [], []
+    dropouts = _lora_dropouts(model, cfg)
+    for layer in dropouts:
+        layer.train()
     for idx in (micro_batches if dist is None else dist.share(micro_batches)):
         loss, health = micro_batch_loss(model, critic, data, micro_batches[0][:1] if idx is None else idx, cfg,
                                         temperature=temperature, pad_token_id=pad_token_id, norm_for=norm_for,
@@ -278,6 +302,8 @@ def _optimizer_step(model, critic, optimizers, data, minibatch, cfg, *, temperat
             continue
         loss.backward()  # a non-finite loss is caught below, once per step: checking here would sync the GPU
         parts.append({**health, "micro_batch_loss": loss.detach()})
+    for layer in dropouts:
+        layer.eval()
     parts = health_to_host(parts)
     losses = [part.pop("micro_batch_loss") for part in parts]
     if dist is not None:
@@ -301,6 +327,14 @@ def _optimizer_step(model, critic, optimizers, data, minibatch, cfg, *, temperat
     if critic is not None:
         record["critic_grad_norm"] = critic_grad_norm
     return record
+
+
+def _lora_dropouts(model, cfg: TrainConfig) -> list[torch.nn.Module]:
+    if not (cfg.lora.enabled and cfg.lora.dropout > 0):
+        return []
+    from rlpipe.lora.peft_model import dropout_modules
+
+    return dropout_modules(model)
 
 
 def _critic_summary(steps, data: TrainingData) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from rlpipe.errors import TrainingError
 from rlpipe.io import atomic_path
 from rlpipe.training.loop import TrainResult
 
@@ -64,6 +65,40 @@ def sampler_mismatch(frame: pl.DataFrame, old_logprobs: list[np.ndarray]) -> dic
         return {"sampler_mismatch_mean_abs": 0.0, "sampler_mismatch_max_abs": 0.0}
     diff = np.abs(old - sampler)
     return {"sampler_mismatch_mean_abs": float(diff.mean()), "sampler_mismatch_max_abs": float(diff.max())}
+
+
+def sampler_check_applies(*, staleness: int, sampling: dict[str, Any] | None, tolerance: float | None) -> str | None:
+    """Why train's sampler check is skipped for these rollouts, or None when it applies.
+
+    It applies when the sampler was the very policy train starts from (staleness 0: an overlapped
+    run samples with an older one, and the gap is the importance weight) and sampled from the full
+    softmax (top-k/top-p renormalise the sampler's log-probs, a gap by construction; ALGORITHMS.md).
+    """
+    if tolerance is None:
+        return "train.max_sampler_mismatch is null"
+    if staleness:
+        return f"sampled {staleness} version(s) behind the trainer (overlapped)"
+    if sampling and (int(sampling.get("top_k", 0)) > 0 or float(sampling.get("top_p", 1.0)) < 1.0):
+        return "top-k/top-p sampling renormalises the sampler's log-probs"
+    return None
+
+
+def check_sampler(frame: pl.DataFrame, old_logprobs: list[np.ndarray], *, tolerance: float, policy: str) -> None:
+    """Fail when the sampler's log-probs are not the trainer's: the rollouts came from other weights.
+
+    Why: a sampler that never received the trained weights (a LoRA adapter left out of the request,
+    a stale engine) samples from an old policy while everything downstream looks normal; verl users
+    ran whole LoRA trainings like that. The mean over policy tokens is robust to a few tokens where
+    bf16 kernels disagree (vLLM bf16: ~4e-3; HF float32: ~1e-7).
+    """
+    m = sampler_mismatch(frame, old_logprobs)
+    if m["sampler_mismatch_mean_abs"] > tolerance:
+        raise TrainingError(
+            f"train.max_sampler_mismatch: the rollouts' sampler log-probs differ from the trainer's log pi_old by "
+            f"{m['sampler_mismatch_mean_abs']:.4g} on average (max {m['sampler_mismatch_max_abs']:.4g}), above "
+            f"{tolerance}: the sampler did not run the weights train starts from ({policy}), e.g. a LoRA adapter "
+            "that never reached the engine or a stale engine server. Nothing was trained or written; re-run "
+            "generate (for a lower-precision sampler, raise train.max_sampler_mismatch)")
 
 
 def importance_weights(frame: pl.DataFrame, old_logprobs: list[np.ndarray], *, tis_cap: float | None) -> dict[str, float]:

@@ -12,11 +12,17 @@ The server's engine settings (engine kind, dtype, vLLM options) are fixed at sta
 a stage whose params ask for other settings is declined and builds its own engine, so a request
 never runs under settings its params do not state.
 
+A LoRA policy (an adapter directory over a base, rlpipe/lora) is part of the fingerprint: the
+adapter's files and its base's. vLLM serves it unmerged: the engine runs the base with LoRA enabled
+(``--max-lora-rank``, from ``train.lora.rank``, so that a LoRA run's engine needs no rebuild when the
+first adapter arrives), each new adapter gets a new LoRA request, and the base's weights are reloaded
+only when the base itself changed. The hf engine reloads base and adapter through rlpipe.models.load_model.
+
 With ``--sleep`` (vLLM only), the engine frees its GPU memory between requests (vLLM sleep level 2:
 weights and KV cache dropped, CUDA graphs kept) so that train and reference_logprob on the same GPU
 get all of it; the next request wakes it and loads the weights it names.
 
-    python -P -m rlpipe.worker.engine_server --project DIR --settings JSON --model DIR [--sleep]
+    python -P -m rlpipe.worker.engine_server --project DIR --settings JSON --model DIR [--sleep] [--max-lora-rank R]
 """
 from __future__ import annotations
 
@@ -41,18 +47,24 @@ def weights_fingerprint(model_dir: str | os.PathLike) -> tuple:
     Cheap (no hashing of gigabytes): a new checkpoint, a `dvc checkout` or `rlpipe iterate` all
     rewrite the files, so any of them changes the fingerprint and the server reloads.
     """
+    from rlpipe.lora.adapter import base_dir, is_adapter_dir
+
     root = Path(model_dir).resolve()
     files = []
     for f in sorted(root.rglob("*")):
         if f.is_file() and f.suffix in WEIGHT_SUFFIXES:
             st = f.stat()
             files.append((str(f.relative_to(root)), st.st_size, st.st_mtime_ns))
+    if is_adapter_dir(root):  # a LoRA policy is its adapter and its base
+        return (str(root), tuple(files), weights_fingerprint(base_dir(root)))
     return (str(root), tuple(files))
 
 
 def architecture(model_dir: str | os.PathLike) -> dict:
     """config.json without the keys a trained checkpoint may change: a different rest needs a new engine."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+    from rlpipe.lora.adapter import model_dir_of
+
+    config = json.loads((model_dir_of(model_dir) / "config.json").read_text())  # an adapter's: its base's
     for key in ("_name_or_path", "torch_dtype", "dtype", "transformers_version", "architectures"):
         config.pop(key, None)
     return config
@@ -65,7 +77,7 @@ class EngineHost:
     the EOS and pad ids are read from the start model here and are part of them.
     """
 
-    def __init__(self, settings: dict, model_dir: str, *, sleep: bool) -> None:
+    def __init__(self, settings: dict, model_dir: str, *, sleep: bool, max_lora_rank: int | None = None) -> None:
         from rlpipe.models import load_tokenizer, model_eos_token_ids
 
         tokenizer = load_tokenizer(model_dir)
@@ -76,6 +88,8 @@ class EngineHost:
         self.loaded: tuple | None = None
         self.architecture: dict | None = None
         self.asleep = False
+        self.max_lora_rank = max_lora_rank  # vLLM: build with LoRA up to this rank (train.lora.rank), or None
+        self.base_loaded: tuple | None = None  # vLLM: fingerprint of the base weights in the engine
         t0 = time.perf_counter()
         self._build(model_dir)
         self.start_seconds = time.perf_counter() - t0
@@ -87,15 +101,20 @@ class EngineHost:
         self.close()
         s = self.settings
         if s["engine"] == "vllm":
-            from rlpipe.engines.vllm import VLLMEngine
+            from rlpipe.engines.vllm import VLLMEngine, lora_serving
 
-            self.engine = VLLMEngine(model_dir, dtype=s["dtype"], eos_token_ids=s["eos_token_ids"],
+            base, adapter, rank = lora_serving(model_dir)
+            ranks = [r for r in (self.max_lora_rank, rank) if r]
+            self.engine = VLLMEngine(base, dtype=s["dtype"], eos_token_ids=s["eos_token_ids"],
                                      tensor_parallel_size=s["tensor_parallel_size"],
                                      data_parallel_size=s["data_parallel_size"],
                                      gpu_memory_utilization=s["gpu_memory_utilization"],
                                      enable_prefix_caching=s["enable_prefix_caching"],
                                      enforce_eager=s["enforce_eager"], max_model_len=s["max_model_len"],
-                                     enable_sleep_mode=self.sleep_between)
+                                     enable_sleep_mode=self.sleep_between, max_lora_rank=max(ranks) if ranks else None)
+            if adapter is not None:
+                self.engine.use_adapter(adapter)
+            self.base_loaded = weights_fingerprint(base)
         else:
             from rlpipe.engines.hf import HFEngine
             from rlpipe.models import load_model
@@ -115,8 +134,8 @@ class EngineHost:
             timings["wake"] = time.perf_counter() - t
         fingerprint = weights_fingerprint(model_dir)
         t = time.perf_counter()
-        if architecture(model_dir) != self.architecture:
-            self._build(model_dir)  # another model: the one case that pays engine start again
+        if architecture(model_dir) != self.architecture or not self._serves_lora_of(model_dir):
+            self._build(model_dir)  # another model (or an adapter this engine has no LoRA room for): a new engine
             timings["rebuild"] = time.perf_counter() - t
         elif fingerprint != self.loaded or self.sleep_between:  # after sleep level 2 the weights are gone
             self._reload(model_dir)
@@ -134,9 +153,24 @@ class EngineHost:
                 timings["sleep"] = time.perf_counter() - t
         return results, timings
 
+    def _serves_lora_of(self, model_dir: str) -> bool:
+        """vLLM: whether the running engine can take ``model_dir``'s adapter (LoRA on, rank within its maximum)."""
+        from rlpipe.lora.adapter import adapter_config, is_adapter_dir
+
+        if self.settings["engine"] != "vllm" or not is_adapter_dir(model_dir):
+            return True
+        return self.engine.max_lora_rank is not None and int(adapter_config(model_dir)["r"]) <= self.engine.max_lora_rank
+
     def _reload(self, model_dir: str) -> None:
         if self.settings["engine"] == "vllm":
-            self.engine.reload_weights(model_dir)
+            from rlpipe.engines.vllm import lora_serving
+
+            base, adapter, _ = lora_serving(model_dir)
+            base_print = weights_fingerprint(base)
+            if base_print != self.base_loaded or self.sleep_between:  # the base itself changed (or slept away)
+                self.engine.reload_weights(base)
+                self.base_loaded = base_print
+            self.engine.use_adapter(adapter)  # a new LoRA request (new id) for new adapter weights; None: base alone
         else:
             self._build(model_dir)
 
@@ -210,10 +244,11 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="model directory to start the engine with")
     parser.add_argument("--sleep", action="store_true", help="vLLM: free GPU memory between requests")
     parser.add_argument("--owner", type=int, default=None, help="exit when the process with this pid exits")
+    parser.add_argument("--max-lora-rank", type=int, default=None, help="vLLM: serve LoRA adapters up to this rank")
     args = parser.parse_args()
     if args.owner is not None:
         _exit_with(args.owner)
-    host = EngineHost(json.loads(args.settings), args.model, sleep=args.sleep)
+    host = EngineHost(json.loads(args.settings), args.model, sleep=args.sleep, max_lora_rank=args.max_lora_rank)
     # Bound only once the engine is ready: until then `rlpipe worker status` finds no server and
     # `rlpipe.worker.lifecycle.start` keeps waiting.
     addr = wire.address("engine", args.project)

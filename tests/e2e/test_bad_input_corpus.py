@@ -251,3 +251,35 @@ def test_unicode_completions_are_scored(ws):  # noqa: F811
     assert scores["score_error"].null_count() == len(texts)
     assert all(0.0 <= r <= 1.5 for r in scores["reward"].to_list())
     assert json.loads((ws / "out/score.json").read_text())["errors"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# LoRA (docs/lora.md): bad params and an adapter over the wrong base, refused naming the key
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("updates", "needle"), [
+    ({"train.lora.rank": -1}, "train.lora.rank must be >= 1 for LoRA, or 0/null for full fine-tuning (got -1)"),
+    ({"train.lora.rank": 4, "train.lora.target_modules": ["q_projj"]},
+     "train.lora.target_modules: ['q_projj'] match no module of LlamaForCausalLM"),
+])
+def test_bad_lora_params_are_refused_naming_the_key(ws, updates, needle):  # noqa: F811
+    edit_params(ws / "params.yaml", updates)
+    assert_refused(ws, "train", stage_args(ws, "train"), needle)
+
+
+@pytest.mark.parametrize(("stage", "option"), [("generate", "--policy"), ("reference_logprob", "--reference"),
+                                               ("evaluate", "--policy"), ("train", "--policy")])
+def test_an_adapter_over_a_base_with_another_hash_is_refused(ws, stage, option):  # noqa: F811
+    """Every stage that loads a policy refuses an adapter whose recorded base hash is not its base's."""
+    from rlpipe.config import LoraConfig
+    from rlpipe.lora.peft_model import save_adapter, wrap_for_training
+    from rlpipe.models import load_model
+
+    base = ws / "artifacts/prepare/model"
+    lora = LoraConfig(rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear", train_lm_head=False,
+                      train_embeddings=False)
+    save_adapter(wrap_for_training(load_model(base, device="cpu", dtype="float32"), lora), ws / "adapter",
+                 policy_version=0, base_path=base, base_hash="sha256:" + "0" * 64)
+    edit_params(ws / "params.yaml", {"train.lora.rank": 4, "train.lora.alpha": 8.0})
+    assert_refused(ws, stage, stage_args(ws, stage, **{option: str(ws / "adapter")}), "adapter/rlpipe.json: "
+                   f"base_model_hash sha256:{'0' * 64} does not match the base model {base}")

@@ -19,9 +19,12 @@ from rlpipe.distributed import Dist, finish, start
 from rlpipe.training.loop import train_policy
 from rlpipe.training.objective import Normalisers, micro_batch_loss
 from rlpipe.value_model import ScalarHeadModel
+from rlpipe.config import LoraConfig
 from tests.training.test_loop import PAD, config, data
 
 WORLD = 2
+LORA = LoraConfig(rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear", train_lm_head=False,
+                  train_embeddings=False)
 ATOL = 1e-5  # fp32: the ranks' gradient sums are added in another order than one process adds them
 
 # name -> (model options, train config overrides); minibatch 8 of 8 sequences: one step per epoch
@@ -33,6 +36,8 @@ SCENARIOS = {
     "ppo critic": ({"critic": True}, dict(micro_batch_size=2)),
     "bf16 autocast, gradient checkpointing": ({"tied": True, "checkpointing": True},
                                               dict(micro_batch_size=4, dtype="bfloat16")),
+    # frozen base weights and trainable adapters in the same FSDP groups (docs/lora.md)
+    "lora, tied embeddings": ({"tied": True, "lora": True}, dict(micro_batch_size=2, lora=LORA)),
 }
 MULTI_STEP = dict(epochs=2, minibatch_size=4, micro_batch_size=1, max_grad_norm=0.1)  # 4 steps, clipped
 
@@ -71,6 +76,15 @@ def build(options: dict, dist: Dist | None):
     from rlpipe.engines.logprobs import enable_gradient_checkpointing
 
     model = tiny(tied=options.get("tied", False))
+    if options.get("lora"):  # the adapter's A is drawn from the seeded generator: the same on every rank
+        from rlpipe.lora.peft_model import wrap_for_training
+
+        peft_model = wrap_for_training(model, LORA)
+        with torch.no_grad():  # B = 0 would give A no gradient: start from a non-zero adapter
+            for name, p in peft_model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.1)
+        model = peft_model.get_base_model()
     critic = tiny_critic() if options.get("critic") else None
     if options.get("checkpointing"):
         enable_gradient_checkpointing(model)
@@ -98,7 +112,7 @@ def step_gradients(options: dict, overrides: dict, dist: Dist | None) -> dict[st
         (loss * 0.0 if idx is None else loss).backward()
     named = list(model.named_parameters()) + ([(f"critic.{k}", p) for k, p in critic.named_parameters()]
                                               if critic is not None else [])
-    return {name: full(p.grad) for name, p in named}
+    return {name: full(p.grad) for name, p in named if p.requires_grad}
 
 
 def trained(options: dict, overrides: dict, dist: Dist | None, *, resume=None, save_state=None,
@@ -190,11 +204,15 @@ def test_one_adamw_step_matches_one_process(both, name):
     for a, b in zip(single["old"] + single["entropy"], fsdp["old"] + fsdp["entropy"]):
         np.testing.assert_array_equal(a, b)
     # Adam's first step is ~lr * sign(g): compare where the gradient is not negligible (as test_loop does)
-    start = tiny(tied=SCENARIOS[name][0].get("tied", False)).state_dict()
+    start = build(SCENARIOS[name][0], None)[0].state_dict()  # the same seeded start (adapters included)
+    moved_any = False
     for key, w in single["weights"].items():
         if key in start:
             moved = (w - start[key]).abs() > 1e-3
-            close(fsdp["weights"][key][moved], w[moved])
+            if moved.any():  # frozen weights (LoRA's base) do not move
+                moved_any = True
+                close(fsdp["weights"][key][moved], w[moved])
+    assert moved_any
     for a, b in zip(single["new"], fsdp["new"]):
         np.testing.assert_allclose(a, b, atol=1e-4)
 

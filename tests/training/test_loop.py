@@ -7,12 +7,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rlpipe.config import CriticTrainConfig, TrainConfig
+from rlpipe.config import CriticTrainConfig, LoraConfig, TrainConfig
 from rlpipe.errors import TrainingError
 from rlpipe.training.loop import train_policy
 from rlpipe.training.objective import Normalisers, TrainingData, micro_batch_loss
 
 PAD = 0
+NO_LORA = LoraConfig(rank=None, alpha=32.0, dropout=0.0, target_modules="all-linear", train_lm_head=False,
+                     train_embeddings=False)
 
 
 def tiny_model(seed=0):
@@ -32,7 +34,7 @@ def config(**over):
                 master_weights="auto", gspo_form="sequence", kl_importance_weighted=False,
                 kl_log_ratio_clamp=20.0, kl_value_clamp=10.0, token_mean_scope="minibatch",
                 off_policy_mask_delta=None, tis_cap=None, target_kl=None, gradient_checkpointing=False,
-                compile_layers=False,
+                compile_layers=False, max_sampler_mismatch=None, lora=NO_LORA,
                 critic=CriticTrainConfig(lr=1e-2, value_coef=0.5, value_clip_eps=0.2, max_grad_norm=1e9))
     return TrainConfig(**{**base, **over})
 
