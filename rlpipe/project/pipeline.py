@@ -11,6 +11,9 @@ user's model, the prompt-file settings filled in, and the user's rewards listed 
 from __future__ import annotations
 
 import re
+import site
+import sys
+import sysconfig
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -26,14 +29,21 @@ MODEL_KEYS = ("policy.path", "policy.latest_path", "reference.path", "critic.pat
 DEVICE_KEYS = ("generate", "reference_logprob", "values", "train", "reward_model", "evaluate")
 
 
-def template_root() -> Path:
-    """rlpipe's source tree: its params.yaml, dvc.yaml and stages/ are the template of every project."""
-    root = Path(__file__).resolve().parents[2]
-    missing = [f for f in ("params.yaml", "dvc.yaml", "stages") if not (root / f).exists()]
-    if missing:
-        raise ConfigError(f"rlpipe init needs rlpipe's source tree (an editable install: pip install -e), "
-                          f"which holds params.yaml, dvc.yaml and stages/; {root} lacks {missing}")
-    return root
+TEMPLATE_FILES = ("params.yaml", "dvc.yaml", "stages")
+
+
+def template_root(candidates: Sequence[Path] | None = None) -> Path:
+    """Where rlpipe's params.yaml, dvc.yaml and stages/ are, the template of every project: the source tree
+    (an editable install, a checkout), else the copy a wheel installs under ``<prefix>/share/rlpipe/template``."""
+    if candidates is None:
+        data = {Path(sysconfig.get_path("data")), Path(sys.prefix), Path(site.getuserbase())}
+        candidates = [Path(__file__).resolve().parents[2], *(d / "share/rlpipe/template" for d in sorted(data))]
+    for root in candidates:
+        if all((root / f).exists() for f in TEMPLATE_FILES):
+            return root
+    raise ConfigError("rlpipe init needs rlpipe's params.yaml, dvc.yaml and stages/ (a checkout, or an install "
+                      f"that carried them to share/rlpipe/template); none of {[str(c) for c in candidates]} "
+                      "holds all three: reinstall rlpipe")
 
 
 def project_dvc_yaml(template: str, *, reward_files: Sequence[str]) -> str:

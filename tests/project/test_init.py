@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -16,6 +18,8 @@ from rlpipe.config import UNSET_OPTION, load_params
 from rlpipe.errors import ConfigError
 from rlpipe.project.init import MODEL_DIR, init_project
 from rlpipe.project.pipeline import MODEL_KEYS
+
+REPO = Path(__file__).resolve().parents[2]
 
 REWARDS = '''
 def brevity(sample, *, target_tokens, floor=0.0):
@@ -157,3 +161,33 @@ def test_cli_init_and_version(inputs, tmp_path, monkeypatch):
     assert raw["generate"]["group_size"] == 3 and raw["iterate"]["trackers"] == ["dvclive"]
     version = CliRunner().invoke(app, ["--version"])
     assert version.exit_code == 0 and version.output.startswith("rlpipe ")
+
+
+def test_the_template_is_found_beside_the_package_or_where_a_wheel_put_it(tmp_path):
+    from rlpipe.project.pipeline import template_root
+
+    assert template_root() == REPO  # a checkout / editable install: the source tree
+    installed = tmp_path / "share/rlpipe/template"
+    (installed / "stages").mkdir(parents=True)
+    for name in ("params.yaml", "dvc.yaml"):
+        (installed / name).write_text("x")
+    assert template_root([tmp_path / "no-source-tree", installed]) == installed
+    (installed / "dvc.yaml").unlink()
+    with pytest.raises(ConfigError, match="holds all three: reinstall rlpipe"):
+        template_root([tmp_path / "no-source-tree", installed])
+
+
+def test_the_wheel_carries_the_template_of_rlpipe_init(tmp_path):
+    """A non-editable install has no source tree: the wheel's data files are what `rlpipe init` copies."""
+    import zipfile
+
+    pytest.importorskip("setuptools", reason="builds the wheel with the environment's own setuptools (no download)")
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path), str(REPO)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("rlpipe-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    data = next(n.split("/data/")[0] for n in names if "/data/share/rlpipe/template/" in n) + "/data/share/rlpipe/template"
+    stages = sorted(p.name for p in (REPO / "stages").glob("*.py"))
+    assert {f"{data}/params.yaml", f"{data}/dvc.yaml", *(f"{data}/stages/{s}" for s in stages)} <= names
+    assert zipfile.ZipFile(wheel).read(f"{data}/params.yaml") == (REPO / "params.yaml").read_bytes()
