@@ -36,8 +36,9 @@ def estimator_options(cfg: AdvantageConfig) -> dict[str, Any]:
     """The hyperparameters each estimator reads, from one config section."""
     return {
         "grpo": {"std_mode": cfg.std_mode, "eps": cfg.eps},
-        "reinforce_plus_plus": {"eps": cfg.eps},
-        "gae": {"gamma": cfg.gamma, "lam": cfg.lam, "eps": cfg.eps, "whiten": cfg.whiten},
+        "reinforce_plus_plus": {"whiten_form": cfg.whiten_form, "whiten_eps": cfg.whiten_eps},
+        "gae": {"gamma": cfg.gamma, "lam": cfg.lam, "whiten": cfg.whiten, "whiten_form": cfg.whiten_form,
+                "whiten_eps": cfg.whiten_eps},
     }.get(cfg.estimator, {})
 
 

@@ -204,6 +204,8 @@ class AdvantageConfig:
     estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "gae"]  # gae = PPO with the critic
     std_mode: Literal["sample", "population"]  # fine point (profile)
     eps: float  # fine point (profile)
+    whiten_form: Literal["std", "unbiased_rsqrt", "population_rsqrt"]  # fine point (profile): batch whitening
+    whiten_eps: float  # fine point (profile): the whitening's eps (added to the std, or to the variance)
     gamma: float  # gae discount
     lam: float  # gae lambda
     whiten: bool  # gae: whiten advantages over the batch's valid tokens

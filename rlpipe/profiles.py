@@ -18,6 +18,8 @@ from typing import Any
 FINE_POINTS: tuple[str, ...] = (
     "advantage.std_mode",  # "sample" (Bessel, divide by G-1) or "population" (divide by G): the GRPO std
     "advantage.eps",  # added to the GRPO std: A = (R - mean) / (std + eps)
+    "advantage.whiten_form",  # batch whitening (reinforce_plus_plus, gae): "std", "unbiased_rsqrt", "population_rsqrt"
+    "advantage.whiten_eps",  # the whitening's eps: added to the std ("std") or to the variance (the rsqrt forms)
     "train.kl_log_ratio_clamp",  # |log rho| bound before exp in the KL estimators; None = no clamp
     "train.kl_value_clamp",  # |KL_t| bound of each token's KL value; None = no clamp
     "train.dual_clip_c",  # dual-clip constant c > 1 for A < 0; None = off
@@ -29,6 +31,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     "rlpipe": {  # the choices of ALGORITHMS.md
         "advantage.std_mode": "sample",
         "advantage.eps": 1e-6,
+        "advantage.whiten_form": "std",
+        "advantage.whiten_eps": 1e-6,
         "train.kl_log_ratio_clamp": 20.0,
         "train.kl_value_clamp": 10.0,
         "train.dual_clip_c": None,
@@ -38,6 +42,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     "trl": {
         "advantage.std_mode": "sample",
         "advantage.eps": 1e-4,
+        "advantage.whiten_form": "unbiased_rsqrt",
+        "advantage.whiten_eps": 1e-8,
         "train.kl_log_ratio_clamp": None,
         "train.kl_value_clamp": None,
         "train.dual_clip_c": None,
@@ -47,6 +53,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     "verl": {
         "advantage.std_mode": "sample",
         "advantage.eps": 1e-6,
+        "advantage.whiten_form": "unbiased_rsqrt",
+        "advantage.whiten_eps": 1e-8,
         "train.kl_log_ratio_clamp": 20.0,
         "train.kl_value_clamp": 10.0,
         "train.dual_clip_c": 3.0,
@@ -56,6 +64,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     "openrlhf": {
         "advantage.std_mode": "sample",
         "advantage.eps": 1e-9,
+        "advantage.whiten_form": "population_rsqrt",
+        "advantage.whiten_eps": 1e-8,
         "train.kl_log_ratio_clamp": None,
         "train.kl_value_clamp": 10.0,
         "train.dual_clip_c": None,
@@ -96,12 +106,14 @@ MATCHING_DEFAULTS: dict[str, dict[str, Any]] = {
 
 _TRL = "https://github.com/huggingface/trl/blob/f2cd57710ae345ea6428ae95363267fcf38a3dc8"
 _VERL = "https://github.com/volcengine/verl/blob/b178a3cd56f58b2d502255daba591e92833930a7"
+_VERL9 = "https://github.com/verl-project/verl/blob/483b8a009ba3a97563edee3a19887e4862b8094a"  # tag v0.9.0
 _ORLHF = "https://github.com/OpenRLHF/OpenRLHF/blob/3c3be6234e0cb353e76bb8019947db9dfe99fca7"
 
 PROFILE_NOTES: dict[str, dict[str, str]] = {
     "rlpipe": {
         "source": "ALGORITHMS.md (the rlpipe choices)",
         "advantage.std_mode": "sample std, as the open frameworks do",
+        "advantage.whiten_form": "population std + eps, the form of the GRPO z-score",
         "train.kl_log_ratio_clamp": "applied to every estimator and to the importance weight",
         "train.token_mean_scope": "invariant to how a minibatch is cut into micro-batches",
     },
@@ -111,6 +123,9 @@ PROFILE_NOTES: dict[str, dict[str, str]] = {
         "advantage.std_mode": f"nanstd applies Bessel's correction ({_TRL}/trl/trainer/utils.py#L857-L880); "
                               "scale_rewards='group' (default)",
         "advantage.eps": f"hard-coded `/ (std_rewards + 1e-4)` ({_TRL}/trl/trainer/grpo_trainer.py#L2705-L2707)",
+        "advantage.whiten_form": "TRL's GRPO does not whiten; its PPO trainer (trl/experimental/ppo) whitens "
+                                 "advantages with masked_whiten: Bessel variance, rsqrt(var + 1e-8)",
+        "advantage.whiten_eps": "1e-8 inside the rsqrt (masked_whiten)",
         "train.kl_log_ratio_clamp": "k3 = exp(ref - logp) - (ref - logp) - 1 with no clamp "
                                     f"({_TRL}/trl/trainer/grpo_trainer.py#L3069-L3076)",
         "train.kl_value_clamp": "no clamp of the KL value",
@@ -134,6 +149,10 @@ PROFILE_NOTES: dict[str, dict[str, str]] = {
                               f"({_VERL}/verl/trainer/ppo/core_algos.py#L267-L331); a singleton group gets "
                               "mean 0 and std 1 there (rlpipe gives it A = 0)",
         "advantage.eps": "epsilon=1e-6, the function default (the trainer does not pass one)",
+        "advantage.whiten_form": "masked_whiten = (x - mean) * rsqrt(masked_var(unbiased=True) + 1e-8) over the "
+                                 f"batch's valid tokens ({_VERL9}/verl/utils/torch_functional.py#L311-L346), used by "
+                                 "reinforce_plus_plus, reinforce_plus_plus_baseline, gdpo and gae",
+        "advantage.whiten_eps": "1e-8, hard-coded in masked_whiten",
         "train.kl_log_ratio_clamp": "low_var_kl/k3 clamps ref - logp to [-20, 20] "
                                     f"({_VERL}/verl/trainer/ppo/core_algos.py#L1867-L1902); verl's k1 and k2 "
                                     "are unclamped, so with k1/k2 the clamps differ beyond |log rho| 20 or |KL| 10",
@@ -161,6 +180,10 @@ PROFILE_NOTES: dict[str, dict[str, str]] = {
         "advantage.std_mode": "algo.advantage.estimator group_norm: rewards.std(-1) (unbiased) "
                               f"({_ORLHF}/openrlhf/trainer/ppo_utils/experience_maker.py#L269-L270)",
         "advantage.eps": "`/ (std + 1e-9)` in group_norm",
+        "advantage.whiten_form": "gae, reinforce and reinforce_baseline normalise the advantages over all action "
+                                 "tokens: population variance, `var.clamp(min=1e-8).rsqrt()` "
+                                 f"({_ORLHF}/openrlhf/trainer/ppo_utils/experience_maker.py#L314-L328)",
+        "advantage.whiten_eps": "1e-8, the clamp's floor under the variance",
         "train.kl_log_ratio_clamp": "compute_approx_kl exponentiates the log-ratio without a clamp "
                                     f"({_ORLHF}/openrlhf/models/utils.py#L64-L95)",
         "train.kl_value_clamp": "clamps the value of every estimator (k1 included) to [-10, 10] (since July 2025)",

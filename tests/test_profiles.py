@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlpipe.algorithms.advantages import WHITEN_FORMS
 from rlpipe.algorithms.aggregation import TOKEN_MEAN_SCOPES
 from rlpipe.profiles import FINE_POINTS, MATCHING_DEFAULTS, PROFILE_NOTES, PROFILES, profile_settings
 
@@ -14,9 +15,10 @@ REPO = Path(__file__).resolve().parents[1]
 COLUMNS = {"rlpipe": "rlpipe", "trl": "TRL", "verl": "verl", "openrlhf": "OpenRLHF"}
 
 
-def test_fine_points_are_the_seven_dotted_keys():
+def test_fine_points_are_the_dotted_keys():
     assert FINE_POINTS == (
-        "advantage.std_mode", "advantage.eps", "train.kl_log_ratio_clamp", "train.kl_value_clamp",
+        "advantage.std_mode", "advantage.eps", "advantage.whiten_form", "advantage.whiten_eps",
+        "train.kl_log_ratio_clamp", "train.kl_value_clamp",
         "train.dual_clip_c", "train.gspo_form", "train.token_mean_scope",
     )
 
@@ -29,8 +31,8 @@ def test_the_four_profiles_each_set_every_fine_point_exactly():
 
 def test_the_rlpipe_profile_is_the_algorithms_md_choice():
     assert PROFILES["rlpipe"] == {
-        "advantage.std_mode": "sample", "advantage.eps": 1e-6,
-        "train.kl_log_ratio_clamp": 20.0, "train.kl_value_clamp": 10.0, "train.dual_clip_c": None,
+        "advantage.std_mode": "sample", "advantage.eps": 1e-6, "advantage.whiten_form": "std",
+        "advantage.whiten_eps": 1e-6, "train.kl_log_ratio_clamp": 20.0, "train.kl_value_clamp": 10.0, "train.dual_clip_c": None,
         "train.gspo_form": "sequence", "train.token_mean_scope": "minibatch",
     }
 
@@ -40,6 +42,7 @@ def test_every_value_is_one_the_math_accepts(name):
     s = PROFILES[name]
     assert s["advantage.std_mode"] in ("sample", "population")
     assert isinstance(s["advantage.eps"], float) and s["advantage.eps"] > 0
+    assert s["advantage.whiten_form"] in WHITEN_FORMS and s["advantage.whiten_eps"] > 0
     for key in ("train.kl_log_ratio_clamp", "train.kl_value_clamp"):
         assert s[key] is None or (isinstance(s[key], float) and s[key] > 0), key
     assert s["train.dual_clip_c"] is None or s["train.dual_clip_c"] > 1

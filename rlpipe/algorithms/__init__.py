@@ -15,6 +15,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "ADVANTAGE_ESTIMATOR_OPTIONS",
         "AdvantageResult",
         "GRPO_STD_MODES",
+        "WHITEN_FORMS",
         "adaptive_kl_beta",
         "as_bool_mask",
         "dr_grpo_advantages",

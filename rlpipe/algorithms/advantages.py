@@ -220,24 +220,47 @@ def kl_penalized_token_rewards(scores_B, old_logprobs_BT, ref_logprobs_BT, mask_
     return rewards_BT
 
 
-def whiten(x_BT, mask_BT, *, eps: float) -> np.ndarray:
-    """`(x - mean) / (std + eps)` with mean and std over the valid tokens of the whole batch.
+WHITEN_FORMS = (
+    "std",  # (x - mean) / (population std + eps): the GRPO z-score's form (rlpipe)
+    "unbiased_rsqrt",  # (x - mean) * rsqrt(Bessel-corrected var + eps): verl's masked_whiten, TRL's PPO
+    "population_rsqrt",  # (x - mean) * rsqrt(max(population var, eps)): OpenRLHF's advantage normalisation
+)
 
-    Why population std (divide by N): N is the number of valid tokens of the batch, so Bessel's
-    correction changes the result by about 1/N; `std + eps` (not `sqrt(var + eps)`) matches the
-    GRPO z-score above. No valid token (or all equal with eps = 0) -> all 0.
+
+def whiten(x_BT, mask_BT, *, form: str, eps: float) -> np.ndarray:
+    """Centre and scale `x` with the mean and spread of the valid tokens of the whole batch.
+
+    Why three forms: the frameworks agree on the mean and disagree on the spread, by about 1/(2N)
+    for N valid tokens (ALGORITHMS.md, "Compatibility profiles"), so the form is a profile setting:
+      "std":              (x - mean) / (sqrt(var_N) + eps), var_N = sum (x - mean)^2 / N (rlpipe);
+      "unbiased_rsqrt":   (x - mean) * (var_{N-1} + eps)^(-1/2), var_{N-1} = sum (x - mean)^2 / (N - 1)
+                          (verl 0.9 `masked_whiten`, eps 1e-8 there);
+      "population_rsqrt": (x - mean) * max(var_N, eps)^(-1/2) (OpenRLHF, eps 1e-8 there).
+    Worked example: x = [1, 1, 0, 0] -> mean 0.5, var_N 0.25, var_{N-1} 1/3: "std" (eps 1e-6) gives
+    ±0.999998, "unbiased_rsqrt" (eps 1e-8) ±0.866025. No valid token, or one valid token with
+    "unbiased_rsqrt" (var_{N-1} undefined; verl raises), or a zero scale -> all 0.
     Shapes: x_BT, mask_BT [B, T] -> [B, T] float64, 0 at padding.
     """
+    if form not in WHITEN_FORMS:
+        raise ValueError(f"unknown whitening form {form!r}; valid: {list(WHITEN_FORMS)}")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
     m = as_bool_mask(mask_BT)
     x = _tokens(x_BT, "x_BT", m)
     n = int(m.sum())
-    if n == 0:
+    if n == 0 or (form == "unbiased_rsqrt" and n == 1):
         return np.zeros(m.shape, dtype=np.float64)
     mean = x[m].mean()
-    std = np.sqrt(((x[m] - mean) ** 2).mean())
-    if std + eps == 0.0:  # all valid values equal and eps = 0: nothing to scale
+    squares = float(((x[m] - mean) ** 2).sum())
+    if form == "std":
+        scale = np.sqrt(squares / n) + eps
+    elif form == "unbiased_rsqrt":
+        scale = np.sqrt(squares / (n - 1) + eps)
+    else:
+        scale = np.sqrt(max(squares / n, eps))
+    if scale == 0.0:  # all valid values equal and eps = 0: nothing to scale
         return np.zeros(m.shape, dtype=np.float64)
-    return np.where(m, (x - mean) / (std + eps), 0.0)
+    return np.where(m, (x - mean) / scale, 0.0)
 
 
 def reward_to_go(token_rewards_BT, mask_BT) -> np.ndarray:
@@ -247,15 +270,15 @@ def reward_to_go(token_rewards_BT, mask_BT) -> np.ndarray:
     return np.where(m, np.cumsum(r[:, ::-1], axis=1)[:, ::-1], 0.0)
 
 
-def reinforce_plus_plus_advantages(token_rewards_BT, mask_BT, *, eps: float) -> np.ndarray:
-    """REINFORCE++: undiscounted reward-to-go, then z-scored over all valid tokens of the batch.
+def reinforce_plus_plus_advantages(token_rewards_BT, mask_BT, *, whiten_form: str, eps: float) -> np.ndarray:
+    """REINFORCE++: undiscounted reward-to-go, then whitened over all valid tokens of the batch.
 
     Why: the token reward already carries the KL penalty (see `kl_penalized_token_rewards`), so
     the return needs no critic; normalising over the whole batch (not per group) is what
-    distinguishes it from GRPO. Shapes: token_rewards_BT, mask_BT [B, T] -> advantages_BT [B, T]
-    float64, 0 at padding. Reference: Hu 2025, REINFORCE++ (arXiv:2501.03262).
+    distinguishes it from GRPO. `whiten_form` and `eps` are `whiten`'s. Shapes: token_rewards_BT, mask_BT
+    [B, T] -> advantages_BT [B, T] float64, 0 at padding. Reference: Hu 2025, REINFORCE++ (arXiv:2501.03262).
     """
-    return whiten(reward_to_go(token_rewards_BT, mask_BT), mask_BT, eps=eps)
+    return whiten(reward_to_go(token_rewards_BT, mask_BT), mask_BT, form=whiten_form, eps=eps)
 
 
 def gae_advantages(token_rewards_BT, values_BT, mask_BT, *, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
@@ -327,8 +350,8 @@ ADVANTAGE_ESTIMATOR_OPTIONS: dict[str, tuple[str, ...]] = {
     "grpo": ("std_mode", "eps"),
     "dr_grpo": (),
     "rloo": (),
-    "reinforce_plus_plus": ("eps",),
-    "gae": ("gamma", "lam", "eps", "whiten"),
+    "reinforce_plus_plus": ("whiten_form", "whiten_eps"),
+    "gae": ("gamma", "lam", "whiten", "whiten_form", "whiten_eps"),
 }
 
 
@@ -377,7 +400,8 @@ def _rloo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_B
 def _reinforce_pp_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT, options) -> AdvantageResult:
     o = _options("reinforce_plus_plus", options)
     _need("reinforce_plus_plus", token_rewards_BT=token_rewards_BT, mask_BT=mask_BT)
-    adv_BT = reinforce_plus_plus_advantages(token_rewards_BT, mask_BT, eps=o["eps"])
+    adv_BT = reinforce_plus_plus_advantages(token_rewards_BT, mask_BT, whiten_form=o["whiten_form"],
+                                            eps=o["whiten_eps"])
     metrics = {"num_valid_tokens": int(as_bool_mask(mask_BT).sum())}
     return AdvantageResult(adv_BT, None, None, metrics)
 
@@ -394,7 +418,7 @@ def _gae_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT
         "raw_advantage_mean": float(raw_BT[m].mean()) if n else 0.0,
         "return_mean": float(returns_BT[m].mean()) if n else 0.0,
     }
-    adv_BT = whiten(raw_BT, m, eps=o["eps"]) if o["whiten"] else raw_BT
+    adv_BT = whiten(raw_BT, m, form=o["whiten_form"], eps=o["whiten_eps"]) if o["whiten"] else raw_BT
     return AdvantageResult(adv_BT, None, returns_BT, metrics)
 
 

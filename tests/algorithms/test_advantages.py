@@ -17,6 +17,7 @@ from rlpipe.algorithms.advantages import (
     grpo_advantages,
     kl_penalized_token_rewards,
     reinforce_plus_plus_advantages,
+    reward_to_go,
     rloo_advantages,
     whiten,
 )
@@ -160,8 +161,39 @@ def test_whiten_by_hand_and_padding_ignored():
     mask = [[True, True, True, False], [False, False, False, False]]
     # valid [1, 2, 3]: mean 2, population std sqrt(2/3) = 0.8165
     std = math.sqrt(2 / 3)
-    np.testing.assert_allclose(whiten(x, mask, eps=0.0), [[-1 / std, 0.0, 1 / std, 0.0], [0.0] * 4])
-    np.testing.assert_array_equal(whiten(x, np.zeros((2, 4), bool), eps=1e-6), np.zeros((2, 4)))
+    np.testing.assert_allclose(whiten(x, mask, form="std", eps=0.0), [[-1 / std, 0.0, 1 / std, 0.0], [0.0] * 4])
+    np.testing.assert_array_equal(whiten(x, np.zeros((2, 4), bool), form="std", eps=1e-6), np.zeros((2, 4)))
+
+
+def test_whiten_forms_on_the_issue_16_example():
+    # token rewards [[0, 1], [0, 0]], gamma 1 -> returns [[1, 1], [0, 0]]: mean 0.5, deviations +-0.5
+    returns = reward_to_go([[0.0, 1.0], [0.0, 0.0]], np.ones((2, 2)))
+    np.testing.assert_array_equal(returns, [[1.0, 1.0], [0.0, 0.0]])
+    mask = np.ones((2, 2))
+    # std: population var 0.25 -> 0.5 / (0.5 + 1e-6) = 0.999998
+    np.testing.assert_allclose(whiten(returns, mask, form="std", eps=1e-6), [[0.999998] * 2, [-0.999998] * 2],
+                               rtol=1e-6)
+    # verl masked_whiten: Bessel var 0.25 * 4/3 = 1/3 -> 0.5 * rsqrt(1/3 + 1e-8) = 0.8660254
+    verl = 0.5 / math.sqrt(1 / 3 + 1e-8)
+    np.testing.assert_allclose(whiten(returns, mask, form="unbiased_rsqrt", eps=1e-8), [[verl] * 2, [-verl] * 2],
+                               rtol=1e-12)
+    assert verl == pytest.approx(0.866025, abs=1e-6)
+    # OpenRLHF: population var 0.25, max(0.25, 1e-8) -> 0.5 / 0.5 = 1 exactly
+    np.testing.assert_allclose(whiten(returns, mask, form="population_rsqrt", eps=1e-8), [[1.0] * 2, [-1.0] * 2])
+    # the same numbers through REINFORCE++
+    np.testing.assert_allclose(reinforce_plus_plus_advantages([[0.0, 1.0], [0.0, 0.0]], mask,
+                                                              whiten_form="unbiased_rsqrt", eps=1e-8),
+                               [[verl] * 2, [-verl] * 2], rtol=1e-12)
+
+
+def test_whiten_edge_cases_of_the_rsqrt_forms():
+    one = whiten([[5.0, 0.0]], [[1, 0]], form="unbiased_rsqrt", eps=1e-8)  # N = 1: no Bessel variance (verl raises)
+    np.testing.assert_array_equal(one, [[0.0, 0.0]])
+    # all equal: the rsqrt forms scale 0 by rsqrt(eps) -> exactly 0
+    for form in ("unbiased_rsqrt", "population_rsqrt"):
+        np.testing.assert_array_equal(whiten([[2.0, 2.0]], [[1, 1]], form=form, eps=1e-8), [[0.0, 0.0]])
+    with pytest.raises(ValueError, match="unknown whitening form 'bessel'"):
+        whiten([[1.0, 2.0]], [[1, 1]], form="bessel", eps=1e-8)
 
 
 def test_reinforce_plus_plus_by_hand():
@@ -173,7 +205,8 @@ def test_reinforce_plus_plus_by_hand():
     std = math.sqrt(var)
     eps = 1e-6
     expected = [[0.7 / (std + eps)] * 3, [-0.8 / (std + eps), -1.3 / (std + eps), 0.0]]
-    np.testing.assert_allclose(reinforce_plus_plus_advantages(rewards, mask, eps=eps), expected, rtol=1e-12)
+    np.testing.assert_allclose(reinforce_plus_plus_advantages(rewards, mask, whiten_form="std", eps=eps), expected,
+                               rtol=1e-12)
 
 
 def test_gae_three_tokens_by_hand():
@@ -258,8 +291,8 @@ def test_registry_every_entry_runs_with_its_options():
         "grpo": {"std_mode": "sample", "eps": 1e-6},
         "dr_grpo": {},
         "rloo": {},
-        "reinforce_plus_plus": {"eps": 1e-6},
-        "gae": {"gamma": 1.0, "lam": 0.95, "eps": 1e-6, "whiten": True},
+        "reinforce_plus_plus": {"whiten_form": "std", "whiten_eps": 1e-6},
+        "gae": {"gamma": 1.0, "lam": 0.95, "whiten": True, "whiten_form": "std", "whiten_eps": 1e-6},
     }
     for name in ADVANTAGE_ESTIMATORS:
         result = _call(name, options[name], **inputs)
@@ -271,7 +304,7 @@ def test_registry_every_entry_runs_with_its_options():
     assert abs(gae.token_advantages_BT[mask].mean()) < 1e-12
     raw, ret = gae_advantages(inputs["token_rewards_BT"], inputs["values_BT"], mask, gamma=1.0, lam=0.95)
     np.testing.assert_array_equal(gae.returns_BT, ret)
-    np.testing.assert_allclose(gae.token_advantages_BT, whiten(raw, mask, eps=1e-6))
+    np.testing.assert_allclose(gae.token_advantages_BT, whiten(raw, mask, form="std", eps=1e-6))
 
 
 def test_registry_missing_unknown_option_and_missing_input():
@@ -283,7 +316,8 @@ def test_registry_missing_unknown_option_and_missing_input():
         options = {"std_mode": "sample", "eps": 1e-6, "std_mod": "x"}
         _call("grpo", options, rewards_B=[1.0], group_index_B=[0], mask_BT=[[1]])
     with pytest.raises(ValueError, match="values_BT"):
-        _call("gae", {"gamma": 1.0, "lam": 1.0, "eps": 1e-6, "whiten": True}, token_rewards_BT=[[1.0]], mask_BT=[[1]])
+        _call("gae", {"gamma": 1.0, "lam": 1.0, "whiten": True, "whiten_form": "std", "whiten_eps": 1e-6},
+              token_rewards_BT=[[1.0]], mask_BT=[[1]])
 
 
 def test_unknown_estimator_lists_valid_names():
@@ -293,7 +327,7 @@ def test_unknown_estimator_lists_valid_names():
 
 def test_numeric_mask_must_be_zero_one():
     with pytest.raises(ValueError, match="0 and 1"):
-        whiten([[1.0, 2.0]], [[1.0, 0.5]], eps=1e-6)
+        whiten([[1.0, 2.0]], [[1.0, 0.5]], form="std", eps=1e-6)
 
 
 def test_token_kl_estimators_hand_computed():
@@ -319,7 +353,7 @@ def test_kl_penalized_token_rewards_with_k2():
 def test_gae_entry_without_whitening_returns_raw_advantages():
     inputs = dict(rewards_B=None, group_index_B=None, token_rewards_BT=[[0.0, 1.0]], values_BT=[[0.5, 0.25]],
                   mask_BT=[[1, 1]])
-    result = _call("gae", {"gamma": 1.0, "lam": 1.0, "eps": 1e-6, "whiten": False}, **inputs)
+    result = _call("gae", {"gamma": 1.0, "lam": 1.0, "whiten": False, "whiten_form": "std", "whiten_eps": 1e-6}, **inputs)
     # delta_1 = 1 - 0.25 = 0.75; delta_0 = 0 + 0.25 - 0.5 = -0.25; A_0 = -0.25 + 0.75 = 0.5
     np.testing.assert_allclose(result.token_advantages_BT, [[0.5, 0.75]])
     np.testing.assert_allclose(result.returns_BT, [[1.0, 1.0]])
