@@ -35,7 +35,8 @@ def padded_mask(lengths: np.ndarray) -> np.ndarray:
 def estimator_options(cfg: AdvantageConfig) -> dict[str, Any]:
     """The hyperparameters each estimator reads, from one config section."""
     return {
-        "grpo": {"std_mode": cfg.std_mode, "eps": cfg.eps},
+        "grpo": {"std_mode": cfg.std_mode, "eps": cfg.eps, "singleton_groups": cfg.singleton_groups},
+        "dr_grpo": {"singleton_groups": cfg.singleton_groups},
         "reinforce_plus_plus": {"whiten_form": cfg.whiten_form, "whiten_eps": cfg.whiten_eps},
         "gae": {"gamma": cfg.gamma, "lam": cfg.lam, "whiten": cfg.whiten, "whiten_form": cfg.whiten_form,
                 "whiten_eps": cfg.whiten_eps},

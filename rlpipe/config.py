@@ -206,6 +206,7 @@ class AdvantageConfig:
     eps: float  # fine point (profile)
     whiten_form: Literal["std", "unbiased_rsqrt", "population_rsqrt"]  # fine point (profile): batch whitening
     whiten_eps: float  # fine point (profile): the whitening's eps (added to the std, or to the variance)
+    singleton_groups: Literal["zero", "uncentered"]  # fine point (profile): grpo/dr_grpo A of a group of one
     gamma: float  # gae discount
     lam: float  # gae lambda
     whiten: bool  # gae: whiten advantages over the batch's valid tokens
@@ -233,18 +234,25 @@ class CriticTrainConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    policy_loss: Literal["ppo_clip", "gspo", "gspo_token"]  # gspo: the form train.gspo_form names
-    eps_low: float
+    policy_loss: Literal["ppo_clip", "gspo", "gspo_token", "cispo", "sapo", "gmpo"]  # gspo: train.gspo_form's form
+    eps_low: float  # gmpo: the clip in log space (the paper's 0.4); cispo: 1.0 = no lower bound (TRL's form)
     eps_high: float
+    ratio_cap: float | None  # ppo_clip: TRL's `delta`, cap of the unclipped ratio (INTELLECT-2 two-sided clip); null = off
+    sapo_tau_pos: float  # sapo: gate temperature where A > 0
+    sapo_tau_neg: float  # sapo: gate temperature where A <= 0
     dual_clip_c: float | None  # fine point (profile); null = off
     gspo_form: Literal["sequence", "token"]  # fine point (profile)
+    policy_log_ratio_clamp: float | None  # fine point (profile): |log r_t| bound before exp (token losses); null = off
+    gspo_log_ratio_clamp: float | None  # fine point (profile): upper bound of GSPO's log s_i before exp; null = off
     kl_beta: float  # 0 turns the KL-in-loss term off
     kl_estimator: Literal["k1", "k2", "k3"]
     kl_importance_weighted: bool  # DeepSeek-V3.2 unbiased KL: the loss's KL term weighted by pi_theta / pi_old
     kl_log_ratio_clamp: float | None  # fine point (profile)
     kl_value_clamp: float | None  # fine point (profile)
+    kl_clamp_scope: Literal["every_estimator", "k3"]  # fine point (profile): which estimators the KL clamps bind
     token_mean_scope: Literal["minibatch", "micro_batch"]  # fine point (profile)
     off_policy_mask_delta: float | None  # DeepSeek-V3.2 off-policy sequence masking; null = off
+    off_policy_mask_scope: Literal["whole_loss", "policy_term"]  # fine point (profile): what the mask drops
     tis_cap: float | None  # truncated importance sampling: weight min(pi_old / pi_sampler, C); null = off
     target_kl: float | None  # stop the epoch loop once a step's approx KL to pi_old exceeds it; null = never
     gradient_checkpointing: bool  # recompute the body's activations in backward (memory for compute)
@@ -257,6 +265,18 @@ class TrainConfig:
         if self.policy_loss == "gspo" and self.gspo_form == "token":
             return "gspo_token"
         return self.policy_loss
+
+    @property
+    def policy_loss_log_ratio_clamp(self) -> float | None:
+        """The log-ratio clamp the policy loss gets: GSPO's sequence one, or the token one."""
+        if self.policy_loss_function in ("gspo", "gspo_token"):
+            return self.gspo_log_ratio_clamp
+        return self.policy_log_ratio_clamp
+
+    @property
+    def policy_loss_options(self) -> dict[str, Any]:
+        """Every loss-specific option, by its `rlpipe.algorithms.losses.POLICY_LOSS_OPTIONS` name."""
+        return {"ratio_cap": self.ratio_cap, "tau_pos": self.sapo_tau_pos, "tau_neg": self.sapo_tau_neg}
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
     epochs: int  # mu: passes over the iteration's rollouts
     minibatch_size: int  # sequences per optimizer step
@@ -508,6 +528,15 @@ def _check_consistency(params: Params, path: Path) -> None:
     need(t.max_tokens_per_micro_batch >= 0, "train.max_tokens_per_micro_batch must be >= 0 (0 = no token cap)")
     need(t.eps_low >= 0 and t.eps_high >= 0, "train.eps_low and train.eps_high must be >= 0")
     need(t.dual_clip_c is None or t.dual_clip_c > 1, "train.dual_clip_c must be > 1 or null")
+    need(t.dual_clip_c is None or t.policy_loss not in ("cispo", "sapo", "gmpo"),
+         f"train.policy_loss {t.policy_loss} has no dual clip: write train.dual_clip_c: null "
+         f"(profile {params.profile} sets {t.dual_clip_c})")
+    need(t.ratio_cap is None or t.ratio_cap > 1, "train.ratio_cap must be > 1 or null")
+    need(t.sapo_tau_pos > 0 and t.sapo_tau_neg > 0, "train.sapo_tau_pos and train.sapo_tau_neg must be > 0")
+    for key in ("policy_log_ratio_clamp", "gspo_log_ratio_clamp"):
+        need(getattr(t, key) is None or getattr(t, key) > 0, f"train.{key} must be > 0 or null")
+    need(t.eps_low < 1 or (t.policy_loss == "cispo" and t.eps_low == 1),
+         "train.eps_low must be < 1 (cispo also takes 1.0: no lower bound)")
     need(0 <= params.score.max_error_fraction <= 1, "score.max_error_fraction must be in [0, 1]")
     need(len(params.score.rewards) >= 1, "score.rewards must name at least one reward function")
     need(params.score.workers >= 1, "score.workers must be >= 1")

@@ -15,7 +15,7 @@ from rlpipe.schema import ADVANTAGES
 def cfg(**over):
     kl = KLInRewardConfig(**{"beta": 0.5, "estimator": "k1", "adaptive": False, "target": 1.0, "horizon": 8.0,
                              **over.pop("kl", {})})
-    base = dict(estimator="grpo", std_mode="sample", eps=1e-6, whiten_form="std", whiten_eps=1e-6, gamma=1.0, lam=1.0,
+    base = dict(estimator="grpo", std_mode="sample", eps=1e-6, singleton_groups="zero", whiten_form="std", whiten_eps=1e-6, gamma=1.0, lam=1.0,
                 whiten=False, kl_in_reward=kl, drop_zero_variance_groups=False, drop_truncated=False)
     return AdvantageConfig(**{**base, **over})
 

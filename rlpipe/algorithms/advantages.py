@@ -20,6 +20,15 @@ import numpy as np
 
 GRPO_STD_MODES = ("sample", "population")
 _DDOF = {"sample": 1, "population": 0}
+SINGLETON_GROUPS = (
+    "zero",  # a group of one has no baseline: A = 0 (rlpipe, TRL and OpenRLHF, which need G > 1)
+    "uncentered",  # verl: mean 0 and std 1 for a group of one, so GRPO gives R / (1 + eps), Dr.GRPO R
+)
+
+
+def _check_singleton(singleton_groups: str) -> None:
+    if singleton_groups not in SINGLETON_GROUPS:
+        raise ValueError(f"singleton_groups must be one of {SINGLETON_GROUPS}, got {singleton_groups!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -106,14 +115,16 @@ def _group_metrics(size_g, singleton_g, zero_var_g) -> dict:
     }
 
 
-def grpo_advantages(rewards_B, group_index_B, *, std_mode: str, eps: float) -> tuple[np.ndarray, dict]:
+def grpo_advantages(rewards_B, group_index_B, *, std_mode: str, eps: float,
+                    singleton_groups: str) -> tuple[np.ndarray, dict]:
     """GRPO group z-score: `A_i = (R_i - mean_g R) / (std_g R + eps)`.
 
     Why: the group of completions of one prompt is its own baseline (no critic). ALGORITHMS.md
     (choice): `std_mode="sample"` (Bessel, divide by G-1) with eps 1e-6 is the default of the
     common open frameworks; `"population"` (divide by G) is the alternative. Groups whose rewards
     are all equal get exactly 0, and singleton groups (no baseline) get 0; both are counted in
-    the metrics rather than papered over.
+    the metrics rather than papered over. `singleton_groups="uncentered"` gives a group of one
+    verl's `R / (1 + eps)` instead (verl sets its mean to 0 and its std to 1).
 
     Shapes: rewards_B [B] float, group_index_B [B] integer ids (any order, need not be
     contiguous) -> (advantages_B [B] float64, metrics dict of python numbers).
@@ -123,6 +134,7 @@ def grpo_advantages(rewards_B, group_index_B, *, std_mode: str, eps: float) -> t
         raise ValueError(f"std_mode must be one of {GRPO_STD_MODES}, got {std_mode!r}")
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
+    _check_singleton(singleton_groups)
     r_B = _rewards(rewards_B)
     inv_B, size_g, mean_g, singleton_g, zero_var_g = _group_stats(r_B, group_index_B)
     dev_B = r_B - mean_g[inv_B]
@@ -133,21 +145,28 @@ def grpo_advantages(rewards_B, group_index_B, *, std_mode: str, eps: float) -> t
     # denominator 1 where the answer is 0 anyway, so eps = 0 never divides 0 by 0
     adv_B = dev_B / np.where(no_signal_B, 1.0, std_g[inv_B] + eps)
     adv_B[no_signal_B] = 0.0
+    if singleton_groups == "uncentered":
+        alone_B = singleton_g[inv_B]
+        adv_B[alone_B] = r_B[alone_B] / (1.0 + eps)
     return adv_B, _group_metrics(size_g, singleton_g, zero_var_g)
 
 
-def dr_grpo_advantages(rewards_B, group_index_B) -> tuple[np.ndarray, dict]:
+def dr_grpo_advantages(rewards_B, group_index_B, *, singleton_groups: str) -> tuple[np.ndarray, dict]:
     """Dr.GRPO: `A_i = R_i - mean_g R` (GRPO without the std division).
 
     Why: dividing by the group std up-weights prompts that are nearly always solved or nearly
     always failed (a difficulty bias); Dr.GRPO drops it. Singleton and zero-variance groups give
-    exactly 0. Shapes: rewards_B [B], group_index_B [B] ints -> (advantages_B [B] float64, metrics).
+    exactly 0 (with `singleton_groups="uncentered"`, verl's: a group of one keeps its R).
+    Shapes: rewards_B [B], group_index_B [B] ints -> (advantages_B [B] float64, metrics).
     Reference: Liu et al. 2025, Understanding R1-Zero-Like Training (arXiv:2503.20783).
     """
+    _check_singleton(singleton_groups)
     r_B = _rewards(rewards_B)
     inv_B, size_g, mean_g, singleton_g, zero_var_g = _group_stats(r_B, group_index_B)
     adv_B = r_B - mean_g[inv_B]
     adv_B[(singleton_g | zero_var_g)[inv_B]] = 0.0
+    if singleton_groups == "uncentered":
+        adv_B[singleton_g[inv_B]] = r_B[singleton_g[inv_B]]
     return adv_B, _group_metrics(size_g, singleton_g, zero_var_g)
 
 
@@ -347,8 +366,8 @@ class AdvantageResult:
 
 # which options each registry entry requires (for config validation and docs)
 ADVANTAGE_ESTIMATOR_OPTIONS: dict[str, tuple[str, ...]] = {
-    "grpo": ("std_mode", "eps"),
-    "dr_grpo": (),
+    "grpo": ("std_mode", "eps", "singleton_groups"),
+    "dr_grpo": ("singleton_groups",),
     "rloo": (),
     "reinforce_plus_plus": ("whiten_form", "whiten_eps"),
     "gae": ("gamma", "lam", "whiten", "whiten_form", "whiten_eps"),
@@ -383,13 +402,12 @@ def _broadcast(name, fn, rewards_B, group_index_B, mask_BT, kwargs) -> Advantage
 
 def _grpo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT, options) -> AdvantageResult:
     o = _options("grpo", options)
-    kwargs = {"std_mode": o["std_mode"], "eps": o["eps"]}
-    return _broadcast("grpo", grpo_advantages, rewards_B, group_index_B, mask_BT, kwargs)
+    return _broadcast("grpo", grpo_advantages, rewards_B, group_index_B, mask_BT, dict(o))
 
 
 def _dr_grpo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT, options) -> AdvantageResult:
-    _options("dr_grpo", options)
-    return _broadcast("dr_grpo", dr_grpo_advantages, rewards_B, group_index_B, mask_BT, {})
+    o = _options("dr_grpo", options)
+    return _broadcast("dr_grpo", dr_grpo_advantages, rewards_B, group_index_B, mask_BT, dict(o))
 
 
 def _rloo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT, options) -> AdvantageResult:

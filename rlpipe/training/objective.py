@@ -2,8 +2,9 @@
 
     L = agg( w_t * (-J_t) + beta * D_t - c_H * H_t )  +  c_V * agg( L_V,t )
 
-- `J_t`: the policy objective named by ``train.policy_loss`` (PPO-clip with clip-higher and dual
-  clip, GSPO, GSPO-token), on tokens kept by DeepSeek-V3.2's off-policy sequence mask
+- `J_t`: the policy objective named by ``train.policy_loss`` (PPO-clip with clip-higher, dual clip
+  and TRL's ratio cap, GSPO, GSPO-token, CISPO, SAPO, GMPO), with the log-ratio clamp of the profile,
+  on tokens kept by DeepSeek-V3.2's off-policy sequence mask
   (``train.off_policy_mask_delta``);
 - `w_t`: truncated importance weights `min(pi_old / pi_sampler, C)` (``train.tis_cap``), 1 when off;
 - `D_t`: the KL estimator of pi_theta against pi_ref (``train.kl_estimator``), optionally weighted by
@@ -24,9 +25,9 @@ import numpy as np
 import torch
 
 from rlpipe.algorithms.aggregation import aggregate_loss
-from rlpipe.algorithms.kl import get_kl_estimator, importance_weighted_kl
-from rlpipe.algorithms.losses import (get_policy_loss, masked_mean, off_policy_sequence_mask, policy_health_tensors,
-                                      truncated_importance_weights, value_loss)
+from rlpipe.algorithms.kl import get_kl_estimator, importance_weighted_kl, kl_clamps
+from rlpipe.algorithms.losses import (POLICY_LOSS_OPTIONS, get_policy_loss, masked_mean, off_policy_sequence_mask,
+                                      policy_health_tensors, truncated_importance_weights, value_loss)
 from rlpipe.config import TrainConfig
 from rlpipe.engines.logprobs import completion_logprobs, make_packed_batch, make_token_batch, to_device
 
@@ -87,7 +88,8 @@ def autocast(cfg: TrainConfig):
 
 
 def _kl_to_reference(logp_BC, old_BC, ref_BC, cfg: TrainConfig) -> torch.Tensor:
-    clamps = {"log_ratio_clamp": cfg.kl_log_ratio_clamp, "value_clamp": cfg.kl_value_clamp}
+    clamps = kl_clamps(cfg.kl_estimator, scope=cfg.kl_clamp_scope, log_ratio_clamp=cfg.kl_log_ratio_clamp,
+                       value_clamp=cfg.kl_value_clamp)
     if cfg.kl_importance_weighted:
         return importance_weighted_kl(logp_BC, old_BC, ref_BC, estimator=cfg.kl_estimator, **clamps)
     return get_kl_estimator(cfg.kl_estimator)(logp_BC, ref_BC, **clamps)
@@ -129,9 +131,11 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
                                           delta=cfg.off_policy_mask_delta)
         loss_mask_BC = mask_BC & keep_B[:, None]
         health["off_policy_masked_fraction"] = (~keep_B).float().mean()
-    loss_BC, stats = get_policy_loss(cfg.policy_loss_function)(
+    name = cfg.policy_loss_function
+    options = {key: cfg.policy_loss_options[key] for key in POLICY_LOSS_OPTIONS[name]}
+    loss_BC, stats = get_policy_loss(name)(
         logp_BC, old_BC, adv_BC, loss_mask_BC, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-        dual_clip_c=cfg.dual_clip_c)
+        dual_clip_c=cfg.dual_clip_c, log_ratio_clamp=cfg.policy_loss_log_ratio_clamp, **options)
     if cfg.tis_cap is not None:
         weights_BC = truncated_importance_weights(old_BC, sampler_BC, mask_BC, cap=cfg.tis_cap)
         loss_BC = loss_BC * weights_BC
@@ -142,7 +146,10 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
         loss_BC = loss_BC + cfg.kl_beta * kl_BC
     if cfg.entropy_coef > 0:
         loss_BC = loss_BC - cfg.entropy_coef * entropy_BC.float()
-    loss = norm.scale * aggregate_loss(loss_BC, loss_mask_BC, mode=cfg.loss_aggregation, total_tokens=norm.total_tokens,
+    # off_policy_mask_scope "policy_term" (TRL): a masked sequence's policy term is already 0 (the loss
+    # got loss_mask_BC), but its KL and entropy terms still count
+    agg_mask_BC = mask_BC if cfg.off_policy_mask_scope == "policy_term" else loss_mask_BC
+    loss = norm.scale * aggregate_loss(loss_BC, agg_mask_BC, mode=cfg.loss_aggregation, total_tokens=norm.total_tokens,
                                        total_sequences=norm.total_sequences, max_length=norm.max_length)
     health["policy_loss"] = loss.detach()
 

@@ -47,7 +47,7 @@ def test_package_reexports_every_name_in_all():
 
 def test_grpo_population_std_worked_example():
     std = math.sqrt(SUM_SQ / 4)  # 0.3162
-    adv, metrics = grpo_advantages(REWARDS, [0, 0, 0, 0], std_mode="population", eps=1e-6)
+    adv, metrics = grpo_advantages(REWARDS, [0, 0, 0, 0], std_mode="population", eps=1e-6, singleton_groups="zero")
     expected = [0.4 / (std + 1e-6), 0.2 / (std + 1e-6), -0.2 / (std + 1e-6), -0.4 / (std + 1e-6)]
     np.testing.assert_allclose(adv, expected, rtol=1e-12)
     np.testing.assert_allclose(adv, [1.2649, 0.6325, -0.6325, -1.2649], atol=1e-4)  # the doc's ~[1.26, 0.63, ...]
@@ -56,13 +56,13 @@ def test_grpo_population_std_worked_example():
 
 def test_grpo_sample_std_worked_example():
     std = math.sqrt(SUM_SQ / 3)  # 0.3651 (Bessel: divide by G-1)
-    adv, _ = grpo_advantages(REWARDS, [7, 7, 7, 7], std_mode="sample", eps=1e-6)
+    adv, _ = grpo_advantages(REWARDS, [7, 7, 7, 7], std_mode="sample", eps=1e-6, singleton_groups="zero")
     np.testing.assert_allclose(adv, [0.4 / (std + 1e-6), 0.2 / (std + 1e-6), -0.2 / (std + 1e-6), -0.4 / (std + 1e-6)])
     np.testing.assert_allclose(adv, [1.0954, 0.5477, -0.5477, -1.0954], atol=1e-4)
 
 
 def test_grpo_eps_enters_the_denominator():
-    adv, _ = grpo_advantages([1.0, 0.0], [0, 0], std_mode="population", eps=0.5)
+    adv, _ = grpo_advantages([1.0, 0.0], [0, 0], std_mode="population", eps=0.5, singleton_groups="zero")
     # mean 0.5, population std 0.5 -> 0.5 / (0.5 + 0.5) = 0.5
     np.testing.assert_allclose(adv, [0.5, -0.5])
 
@@ -70,7 +70,8 @@ def test_grpo_eps_enters_the_denominator():
 def test_grpo_unsorted_noncontiguous_groups_zero_variance_and_singletons():
     rewards = [1.0, 0.3, 0.0, 0.3, 5.0, 0.3, 1.0, 0.0]
     groups = [42, 9, 42, 9, 100, 9, -3, -3]
-    adv, metrics = grpo_advantages(rewards, np.array(groups, dtype=np.int64), std_mode="population", eps=0.0)
+    adv, metrics = grpo_advantages(rewards, np.array(groups, dtype=np.int64), std_mode="population", eps=0.0,
+                                   singleton_groups="zero")
     # group 42: [1, 0] -> mean 0.5, std 0.5 -> [+1, -1]; group 9: all 0.3 -> 0;
     # group 100: singleton -> 0; group -3: [1, 0] -> [+1, -1]
     np.testing.assert_array_equal(adv, [1.0, 0.0, -1.0, 0.0, 0.0, 0.0, 1.0, -1.0])
@@ -84,33 +85,34 @@ def test_grpo_unsorted_noncontiguous_groups_zero_variance_and_singletons():
 def test_grpo_all_equal_rewards_are_exactly_zero_even_when_the_float_mean_is_not():
     # three 0.1s: the float mean is 0.10000000000000002, so a tolerance-free std would be tiny, not 0
     for std_mode in ("sample", "population"):
-        adv, metrics = grpo_advantages([0.1, 0.1, 0.1], [0, 0, 0], std_mode=std_mode, eps=1e-9)
+        adv, metrics = grpo_advantages([0.1, 0.1, 0.1], [0, 0, 0], std_mode=std_mode, eps=1e-9,
+                                       singleton_groups="zero")
         assert np.all(adv == 0.0)
         assert metrics["zero_variance_groups"] == 1
 
 
 def test_grpo_singleton_with_sample_std_is_zero_not_nan():
-    adv, metrics = grpo_advantages([3.0], [0], std_mode="sample", eps=1e-6)
+    adv, metrics = grpo_advantages([3.0], [0], std_mode="sample", eps=1e-6, singleton_groups="zero")
     assert adv.tolist() == [0.0]
     assert metrics["singleton_groups"] == 1 and metrics["zero_variance_groups"] == 0
 
 
 def test_grpo_rejects_bad_inputs():
     with pytest.raises(ValueError, match="std_mode"):
-        grpo_advantages(REWARDS, [0] * 4, std_mode="bessel", eps=1e-6)
+        grpo_advantages(REWARDS, [0] * 4, std_mode="bessel", eps=1e-6, singleton_groups="zero")
     with pytest.raises(ValueError, match="integer"):
-        grpo_advantages(REWARDS, [0.0] * 4, std_mode="sample", eps=1e-6)
+        grpo_advantages(REWARDS, [0.0] * 4, std_mode="sample", eps=1e-6, singleton_groups="zero")
     with pytest.raises(ValueError, match="NaN"):
-        grpo_advantages([1.0, float("nan")], [0, 0], std_mode="sample", eps=1e-6)
+        grpo_advantages([1.0, float("nan")], [0, 0], std_mode="sample", eps=1e-6, singleton_groups="zero")
     with pytest.raises(ValueError, match="shape"):
-        grpo_advantages(REWARDS, [0] * 3, std_mode="sample", eps=1e-6)
+        grpo_advantages(REWARDS, [0] * 3, std_mode="sample", eps=1e-6, singleton_groups="zero")
 
 
 # ---------------------------------------------------------------------------- Dr.GRPO, RLOO
 
 
 def test_dr_grpo_is_centred_only():
-    adv, metrics = dr_grpo_advantages(REWARDS + [2.0, 2.0, 9.0], [0, 0, 0, 0, 1, 1, 2])
+    adv, metrics = dr_grpo_advantages(REWARDS + [2.0, 2.0, 9.0], [0, 0, 0, 0, 1, 1, 2], singleton_groups="zero")
     # group 0: R - 0.6; group 1 all equal -> 0; group 2 singleton -> 0
     np.testing.assert_allclose(adv, [0.4, 0.2, -0.2, -0.4, 0.0, 0.0, 0.0], atol=1e-15)
     assert (metrics["zero_variance_groups"], metrics["singleton_groups"]) == (1, 1)
@@ -268,7 +270,7 @@ def test_registry_names_and_options_table_agree():
 
 def test_registry_grpo_broadcasts_to_valid_tokens():
     mask = np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]], bool)
-    options = {"std_mode": "population", "eps": 1e-6}
+    options = {"std_mode": "population", "eps": 1e-6, "singleton_groups": "zero"}
     result = _call("grpo", options, rewards_B=REWARDS, group_index_B=[0] * 4, mask_BT=mask)
     assert isinstance(result, AdvantageResult) and result.returns_BT is None
     a = result.sequence_advantages_B
@@ -288,8 +290,8 @@ def test_registry_every_entry_runs_with_its_options():
         mask_BT=mask,
     )
     options = {
-        "grpo": {"std_mode": "sample", "eps": 1e-6},
-        "dr_grpo": {},
+        "grpo": {"std_mode": "sample", "eps": 1e-6, "singleton_groups": "zero"},
+        "dr_grpo": {"singleton_groups": "zero"},
         "rloo": {},
         "reinforce_plus_plus": {"whiten_form": "std", "whiten_eps": 1e-6},
         "gae": {"gamma": 1.0, "lam": 0.95, "whiten": True, "whiten_form": "std", "whiten_eps": 1e-6},
@@ -313,7 +315,7 @@ def test_registry_missing_unknown_option_and_missing_input():
     with pytest.raises(KeyError, match="lam"):
         _call("gae", {"gamma": 1.0, "eps": 1e-6}, token_rewards_BT=[[1.0]], values_BT=[[0.0]], mask_BT=[[1]])
     with pytest.raises(ValueError, match="std_mod"):
-        options = {"std_mode": "sample", "eps": 1e-6, "std_mod": "x"}
+        options = {"std_mode": "sample", "eps": 1e-6, "singleton_groups": "zero", "std_mod": "x"}
         _call("grpo", options, rewards_B=[1.0], group_index_B=[0], mask_BT=[[1]])
     with pytest.raises(ValueError, match="values_BT"):
         _call("gae", {"gamma": 1.0, "lam": 1.0, "whiten": True, "whiten_form": "std", "whiten_eps": 1e-6},

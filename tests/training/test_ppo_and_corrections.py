@@ -57,6 +57,24 @@ def test_off_policy_mask_drops_exactly_the_drifted_negative_sequences():
     assert health[0]["off_policy_masked_fraction"] == pytest.approx(len(negative) / 8)
 
 
+def test_trl_off_policy_mask_keeps_the_kl():
+    """off_policy_mask_scope "policy_term" (TRL): a masked sequence's policy term goes, its KL stays."""
+    d = with_old(data(), shift=0.2)  # pi_theta != pi_old, so the k3 KL to the reference has a gradient
+    d.sampler_logprobs = [o + 1.0 for o in d.old_logprobs]  # every row drifted; the A < 0 rows are masked
+    negative = [i for i, a in enumerate(d.sequence_advantages) if a < 0]
+    assert negative
+    kl_only = dict(kl_beta=0.1, entropy_coef=0.0, off_policy_mask_delta=0.5)
+    trl, _ = grads(config(**kl_only, off_policy_mask_scope="policy_term"), d, micro=8)
+    whole, _ = grads(config(**kl_only), d, micro=8)
+    # the same step without the mask and with the negative rows' advantages zeroed: policy terms of the
+    # kept rows + every row's KL
+    for i in negative:
+        d.token_advantages[i] = np.zeros_like(d.token_advantages[i])
+    expected, _ = grads(config(kl_beta=0.1, entropy_coef=0.0), d, micro=8)
+    assert torch.allclose(trl, expected, atol=1e-7)
+    assert not torch.allclose(whole, expected, atol=1e-5)  # rlpipe's scope drops the masked rows' KL too
+
+
 def test_truncated_importance_weights_scale_the_policy_gradient():
     cfg = config(kl_beta=0.0, entropy_coef=0.0)
     d = with_old(data())
