@@ -201,9 +201,12 @@ class KLInRewardConfig:
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "gae"]  # gae = PPO with the critic
+    estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "gae", "grpo_passk",
+                       "reinforce_plus_plus_baseline", "gdpo", "grpo_normalize_then_sum"]  # gae = PPO with the critic
     std_mode: Literal["sample", "population"]  # fine point (profile)
     eps: float  # fine point (profile)
+    std_scope: Literal["group", "batch"]  # grpo: divide by the group's std or the batch's (TRL's scale_rewards)
+    nan_rewards: Literal["error", "zero_advantage"]  # a NaN reward: refuse the table, or A = 0 outside group stats
     whiten_form: Literal["std", "unbiased_rsqrt", "population_rsqrt"]  # fine point (profile): batch whitening
     whiten_eps: float  # fine point (profile): the whitening's eps (added to the std, or to the variance)
     singleton_groups: Literal["zero", "uncentered"]  # fine point (profile): grpo/dr_grpo A of a group of one
@@ -221,6 +224,11 @@ class AdvantageConfig:
     @property
     def uses_token_rewards(self) -> bool:
         return self.estimator in ("reinforce_plus_plus", "gae")
+
+    @property
+    def uses_reward_components(self) -> bool:
+        """Multi-reward estimators normalise each score.rewards component (reward_<name> column) on its own."""
+        return self.estimator in ("gdpo", "grpo_normalize_then_sum")
 
 
 @dataclass(frozen=True)
@@ -548,6 +556,10 @@ def _check_consistency(params: Params, path: Path) -> None:
     need(params.iterate.keep_checkpoints >= 0, "iterate.keep_checkpoints must be >= 0 (0 = keep all)")
     a = params.advantage
     need(0 <= a.gamma <= 1 and 0 <= a.lam <= 1, "advantage.gamma and advantage.lam must be in [0, 1]")
+    need(a.nan_rewards == "error" or not a.uses_token_rewards,
+         f"advantage.nan_rewards: zero_advantage needs a sequence-level estimator, not {a.estimator} "
+         "(its KL-in-reward tokens and critic returns have no meaning for an unscored row)")
+    need(a.whiten_eps >= 0 and a.eps >= 0, "advantage.eps and advantage.whiten_eps must be >= 0")
     need(a.kl_in_reward.beta >= 0, "advantage.kl_in_reward.beta must be >= 0")
     need(a.kl_in_reward.target > 0 and a.kl_in_reward.horizon > 0,
          "advantage.kl_in_reward.target and .horizon must be > 0")

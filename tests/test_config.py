@@ -215,7 +215,8 @@ def test_yaml_exponent_without_a_dot_is_read_as_a_number(tmp_path, text, value):
     [
         ("train", "policy_loss", "ppo", "['ppo_clip', 'gspo', 'gspo_token', 'cispo', 'sapo', 'gmpo']"),
         ("train", "kl_estimator", "k4", "['k1', 'k2', 'k3']"),
-        ("advantage", "estimator", "GRPO", "['grpo', 'dr_grpo', 'rloo', 'reinforce_plus_plus', 'gae']"),
+        ("advantage", "estimator", "GRPO", "['grpo', 'dr_grpo', 'rloo', 'reinforce_plus_plus', 'gae', 'grpo_passk', "
+         "'reinforce_plus_plus_baseline', 'gdpo', 'grpo_normalize_then_sum']"),
         ("advantage", "std_mode", 1, "['sample', 'population']"),  # no int codes
         ("generate", "dtype", "fp16", "['float32', 'bfloat16', 'float16']"),
         ("prepare", "source", "hub", "['tiny', 'files']"),

@@ -146,7 +146,8 @@ def test_verl_singleton_groups_by_hand():
 
     rewards, groups = [0.8, 1.0, 0.0], [0, 1, 1]  # group 0 is a group of one
     singleton = PROFILES["verl"]["advantage.singleton_groups"]
-    adv, metrics = grpo_advantages(rewards, groups, std_mode="sample", eps=1e-6, singleton_groups=singleton)
+    adv, metrics = grpo_advantages(rewards, groups, std_mode="sample", eps=1e-6, singleton_groups=singleton,
+                                   std_scope="group")
     # verl: mean 0, std 1 -> 0.8 / (1 + 1e-6); group 1: +-0.5 / (0.7071 + 1e-6)
     half = 0.5 / (math.sqrt(0.5) + 1e-6)
     assert adv.tolist() == pytest.approx([0.8 / (1 + 1e-6), half, -half], rel=1e-12)
@@ -154,7 +155,7 @@ def test_verl_singleton_groups_by_hand():
     adv, _ = dr_grpo_advantages(rewards, groups, singleton_groups=singleton)
     assert adv.tolist() == pytest.approx([0.8, 0.5, -0.5])
     adv, _ = grpo_advantages(rewards, groups, std_mode="sample", eps=1e-6,
-                             singleton_groups=PROFILES["rlpipe"]["advantage.singleton_groups"])
+                             singleton_groups=PROFILES["rlpipe"]["advantage.singleton_groups"], std_scope="group")
     assert adv[0] == 0.0
 
 

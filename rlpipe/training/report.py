@@ -36,9 +36,10 @@ def write_steps_csv(path: str, steps: list[dict[str, float]]) -> None:
 
 
 def reward_stats(scores: pl.DataFrame) -> dict[str, Any]:
+    scored = scores["reward"].fill_nan(None).drop_nulls()  # NaN: unscorable (advantage.nan_rewards)
     return {
-        "reward_mean": float(scores["reward"].mean()),
-        "reward_std": float(scores["reward"].std()) if scores.height > 1 else 0.0,
+        "reward_mean": float(scored.mean()) if scored.len() else 0.0,
+        "reward_std": float(scored.std()) if scored.len() > 1 else 0.0,
         "train_accuracy": float(scores["correct"].mean()) if scores["correct"].null_count() < scores.height else None,
     }
 
