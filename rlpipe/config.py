@@ -262,6 +262,7 @@ class TrainConfig:
     off_policy_mask_delta: float | None  # DeepSeek-V3.2 off-policy sequence masking; null = off
     off_policy_mask_scope: Literal["whole_loss", "policy_term"]  # fine point (profile): what the mask drops
     tis_cap: float | None  # truncated importance sampling: weight min(pi_old / pi_sampler, C); null = off
+    top_entropy_quantile: float  # rho: train the policy term on the top-rho tokens by pi_old's entropy; 1.0 = all
     target_kl: float | None  # stop the epoch loop once a step's approx KL to pi_old exceeds it; null = never
     gradient_checkpointing: bool  # recompute the body's activations in backward (memory for compute)
     compile_layers: bool | Literal["auto"]  # torch.compile each decoder layer; auto = on CUDA (BENCHMARKS.md)
@@ -285,7 +286,8 @@ class TrainConfig:
     def policy_loss_options(self) -> dict[str, Any]:
         """Every loss-specific option, by its `rlpipe.algorithms.losses.POLICY_LOSS_OPTIONS` name."""
         return {"ratio_cap": self.ratio_cap, "tau_pos": self.sapo_tau_pos, "tau_neg": self.sapo_tau_neg}
-    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                              "token-sum"]
     epochs: int  # mu: passes over the iteration's rollouts
     minibatch_size: int  # sequences per optimizer step
     micro_batch_size: int  # sequences per forward/backward (gradient accumulation)
@@ -564,6 +566,7 @@ def _check_consistency(params: Params, path: Path) -> None:
     need(a.kl_in_reward.target > 0 and a.kl_in_reward.horizon > 0,
          "advantage.kl_in_reward.target and .horizon must be > 0")
     need(t.tis_cap is None or t.tis_cap > 0, "train.tis_cap must be > 0 or null")
+    need(0 < t.top_entropy_quantile <= 1, "train.top_entropy_quantile must be in (0, 1] (1.0 = every token)")
     need(t.target_kl is None or t.target_kl > 0, "train.target_kl must be > 0 or null")
     need(t.critic.value_clip_eps > 0 and t.critic.lr > 0, "train.critic.value_clip_eps and train.critic.lr must be > 0")
     r = params.reward_model

@@ -21,6 +21,7 @@ import torch
 
 from rlpipe.algorithms.aggregation import loss_normalisers
 from rlpipe.algorithms.losses import health_to_host
+from rlpipe.algorithms.token_masks import high_entropy_threshold
 from rlpipe.config import TrainConfig
 from rlpipe.engines.base import derive_seed
 from rlpipe.engines.logprobs import batched_completion_logprobs
@@ -28,7 +29,8 @@ from rlpipe.errors import TrainingError
 from rlpipe.training.objective import Normalisers, TrainingData, autocast, micro_batch_loss
 
 # step metrics summarised as means; the last three exist only when their feature is on
-OPTIONAL_STEP_METRICS = ("dual_clip_fraction", "off_policy_masked_fraction", "tis_weight_mean", "tis_capped_fraction")
+OPTIONAL_STEP_METRICS = ("dual_clip_fraction", "off_policy_masked_fraction", "tis_weight_mean", "tis_capped_fraction",
+                         "high_entropy_kept_fraction")
 SHUFFLE_STREAM = 3  # seed domain of the minibatch shuffle (see rlpipe.generate for the others)
 
 
@@ -159,6 +161,7 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
         done, skipped, steps = int(resume["step"]), int(resume["skipped_steps"]), list(resume["steps"])
         stopped = bool(resume.get("stopped", False))
     data.old_logprobs = old
+    entropy_threshold = _entropy_mask(data, old_entropy, cfg)
     trainable = np.flatnonzero(data.trainable)
     per_epoch = math.ceil(len(trainable) / cfg.minibatch_size)
     if progress is not None and done:
@@ -223,9 +226,30 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
                                with_entropy=False, dist=dist)
     metrics = {**_summary(steps, data, old, new, old_entropy), "skipped_steps": skipped,
                "early_stopped": stopped, "planned_optimizer_steps": count_optimizer_steps(len(trainable), cfg)}
+    if entropy_threshold is not None:
+        metrics["high_entropy_threshold"] = entropy_threshold
     if critic is not None:
         metrics.update(_critic_summary(steps, data))
     return TrainResult(metrics=metrics, steps=steps, old_logprobs=old, old_entropy=old_entropy, new_logprobs=new)
+
+
+def _entropy_mask(data: TrainingData, old_entropy: list[np.ndarray], cfg: TrainConfig) -> float | None:
+    """With train.top_entropy_quantile < 1, set data.entropy_keep from pi_old's entropies; return the threshold.
+
+    The threshold is taken once over the policy tokens of every trainable row (not per micro-batch),
+    so it is the same whatever the split and after a resume (old_entropy is part of the saved state).
+    """
+    if cfg.top_entropy_quantile >= 1.0:
+        data.entropy_keep = None
+        return None
+    rows = np.flatnonzero(data.trainable)
+    threshold = high_entropy_threshold(np.concatenate([data.policy_values(old_entropy, i) for i in rows] or [[]]),
+                                       top_quantile=cfg.top_entropy_quantile)
+    keep = [np.asarray(h, dtype=np.float64) >= threshold for h in old_entropy]
+    if data.policy_mask is not None:
+        keep = [k & m for k, m in zip(keep, data.policy_mask)]
+    data.entropy_keep = keep
+    return threshold
 
 
 def _state(module, optimizer, dist) -> tuple[dict[str, Any], dict[str, Any]]:

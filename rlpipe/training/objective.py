@@ -6,7 +6,8 @@
   and TRL's ratio cap, GSPO, GSPO-token, CISPO, SAPO, GMPO), with the log-ratio clamp of the profile,
   on tokens kept by DeepSeek-V3.2's off-policy sequence mask
   (``train.off_policy_mask_delta``);
-- `w_t`: truncated importance weights `min(pi_old / pi_sampler, C)` (``train.tis_cap``), 1 when off;
+- `w_t`: truncated importance weights `min(pi_old / pi_sampler, C)` (``train.tis_cap``), 1 when off,
+  times the high-entropy token mask (``train.top_entropy_quantile``; the "80/20" rule), 1 when off;
 - `D_t`: the KL estimator of pi_theta against pi_ref (``train.kl_estimator``), optionally weighted by
   pi_theta / pi_old (DeepSeek-V3.2's unbiased KL, ``train.kl_importance_weighted``), clamped as the
   profile says;
@@ -49,6 +50,9 @@ class TrainingData:
     # multi-turn: per row, which completion tokens the policy sampled (observation tokens are False);
     # None when every token is the policy's (single-turn)
     policy_mask: list[np.ndarray] | None = None
+    # train.top_entropy_quantile < 1: per row, the tokens whose policy term is trained (the loop fills it
+    # from pi_old's entropies); None = every token
+    entropy_keep: list[np.ndarray] | None = None
 
     def policy_tokens(self, i: int) -> int:
         """Tokens of sequence i that enter the loss (its policy tokens)."""
@@ -136,6 +140,10 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
     loss_BC, stats = get_policy_loss(name)(
         logp_BC, old_BC, adv_BC, loss_mask_BC, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
         dual_clip_c=cfg.dual_clip_c, log_ratio_clamp=cfg.policy_loss_log_ratio_clamp, **options)
+    if data.entropy_keep is not None:  # the 80/20 rule: the policy term of high-entropy tokens only
+        keep_BC = rows("entropy_keep")
+        loss_BC = loss_BC * keep_BC
+        health["high_entropy_kept_fraction"] = masked_mean(keep_BC, mask_BC)
     if cfg.tis_cap is not None:
         weights_BC = truncated_importance_weights(old_BC, sampler_BC, mask_BC, cap=cfg.tis_cap)
         loss_BC = loss_BC * weights_BC

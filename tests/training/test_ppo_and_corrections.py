@@ -75,6 +75,26 @@ def test_trl_off_policy_mask_keeps_the_kl():
     assert not torch.allclose(whole, expected, atol=1e-5)  # rlpipe's scope drops the masked rows' KL too
 
 
+def test_high_entropy_mask_trains_the_policy_term_of_kept_tokens_only():
+    d = with_old(data(), shift=0.1)
+    rng = np.random.default_rng(0)
+    d.entropy_keep = [rng.random(len(a)) < 0.5 for a in d.token_advantages]
+    plain = dict(kl_beta=0.0, entropy_coef=0.0)
+    masked, health = grads(config(**plain), d, micro=8)
+    kept = np.concatenate(d.entropy_keep)
+    assert health[0]["high_entropy_kept_fraction"] == pytest.approx(kept.mean())
+    # the same as zeroing the advantage of the dropped tokens (ratios are not 1, so their loss is not 0 either)
+    d.token_advantages = [np.where(k, a, 0.0).astype(np.float32) for k, a in zip(d.entropy_keep, d.token_advantages)]
+    d.entropy_keep = None
+    expected, _ = grads(config(**plain), d, micro=8)
+    assert masked.abs().max() > 1e-4 and torch.allclose(masked, expected, atol=1e-7)
+    # the loop sets the mask from pi_old's entropies: half the tokens at rho 0.5
+    _, result = trained(config(**plain, top_entropy_quantile=0.5), data())
+    assert 0.4 <= result.metrics["high_entropy_kept_fraction"] <= 0.6
+    assert result.metrics["high_entropy_threshold"] == pytest.approx(
+        float(np.quantile(np.concatenate(result.old_entropy), 0.5)))
+
+
 def test_truncated_importance_weights_scale_the_policy_gradient():
     cfg = config(kl_beta=0.0, entropy_coef=0.0)
     d = with_old(data())
