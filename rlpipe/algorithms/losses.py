@@ -315,9 +315,6 @@ POLICY_LOSS_OPTIONS: dict[str, tuple[str, ...]] = {
     "gmpo": (),
 }
 
-# which log-ratio clamp each loss takes: the token one or GSPO's sequence one (profile fine points)
-SEQUENCE_RATIO_LOSSES: tuple[str, ...] = ("gspo", "gspo_token")
-
 
 def get_policy_loss(name: str) -> PolicyLoss:
     """Look up `POLICY_LOSSES[name]`; an unknown name raises ValueError listing the valid ones."""

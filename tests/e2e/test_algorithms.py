@@ -34,6 +34,15 @@ VARIANTS = {
     "deepseek_v32": {"train.kl_beta": 0.01, "train.kl_importance_weighted": True,
                      "train.off_policy_mask_delta": 0.5, "train.tis_cap": 2.0},
     "ppo": {"advantage.estimator": "gae", "train.loss_aggregation": "token-mean"},
+    # issue 16's losses and estimators, several per variant to keep the matrix short
+    "cispo_batch_std_token_sum_80_20": {"train.policy_loss": "cispo", "train.eps_low": 1.0, "train.eps_high": 4.0,
+                                        "advantage.std_scope": "batch", "train.loss_aggregation": "token-sum",
+                                        "train.top_entropy_quantile": 0.2},
+    "sapo_passk": {"train.policy_loss": "sapo", "advantage.estimator": "grpo_passk"},
+    "gmpo_reinforce_pp_baseline": {"train.policy_loss": "gmpo", "train.eps_low": 0.4, "train.eps_high": 0.4,
+                                   "advantage.estimator": "reinforce_plus_plus_baseline"},
+    "gdpo_verl_profile": {"profile": "verl", "advantage.estimator": "gdpo"},
+    "normalize_then_sum_ratio_cap": {"advantage.estimator": "grpo_normalize_then_sum", "train.ratio_cap": 4.0},
     # RLHF: the reward is the trained Bradley-Terry model's score; exact_answer stays at weight 0 for accuracy
     "ppo_reward_model": {
         "advantage.estimator": "gae", "train.loss_aggregation": "token-mean",
@@ -73,6 +82,12 @@ def test_every_algorithm_runs_one_iteration(project_copy):
             assert train["policy_loss_function"] == "gspo"
         if name == "dapo":
             assert adv["filtered"]["zero_variance_group"] == adv["num_samples"] - adv["num_trained"]
+        if name.split("_")[0] in ("cispo", "sapo", "gmpo"):
+            assert train["policy_loss_function"] == name.split("_")[0], name
+        if name == "cispo_batch_std_token_sum_80_20":
+            assert "high_entropy_threshold" in train and 0 < train["high_entropy_kept_fraction"] < 0.5
+        if name in ("gdpo_verl_profile", "normalize_then_sum_ratio_cap"):
+            assert adv["reward_components"] == 2  # exact_answer and digit_match
         if name == "deepseek_v32":
             assert {"off_policy_masked_fraction", "tis_weight_mean"} <= set(train)
         if name in ("reinforce_plus_plus", "ppo", "ppo_reward_model"):
