@@ -263,6 +263,7 @@ class TrainConfig:
     off_policy_mask_scope: Literal["whole_loss", "policy_term"]  # fine point (profile): what the mask drops
     tis_cap: float | None  # truncated importance sampling: weight min(pi_old / pi_sampler, C); null = off
     top_entropy_quantile: float  # rho: train the policy term on the top-rho tokens by pi_old's entropy; 1.0 = all
+    keep_sampling_mask: bool  # DeepSeek-V3.2: with top_p < 1 / top_k > 0, the ratio on the sampler's support
     target_kl: float | None  # stop the epoch loop once a step's approx KL to pi_old exceeds it; null = never
     gradient_checkpointing: bool  # recompute the body's activations in backward (memory for compute)
     compile_layers: bool | Literal["auto"]  # torch.compile each decoder layer; auto = on CUDA (BENCHMARKS.md)

@@ -32,7 +32,7 @@ from rlpipe.engines.logprobs import (compile_decoder_layers, compile_layers_want
 from rlpipe.errors import ArtifactError
 from rlpipe.training.data import check_policy_version, training_data, training_frame
 from rlpipe.progress import stage_progress
-from rlpipe.training.loop import count_optimizer_steps, train_policy
+from rlpipe.training.loop import count_optimizer_steps, sampling_truncation, train_policy
 from rlpipe.training.resume import ResumeStates, resume_key
 from rlpipe.training.report import (importance_weights, reward_stats, sampler_mismatch, token_stats_frame,
                                    write_steps_csv)
@@ -106,7 +106,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
             result = train_policy(model, data, cfg, temperature=p.generate.temperature,
                                   pad_token_id=tokenizer.pad_token_id, seed=p.seed, iteration=p.iteration,
                                   max_length=p.generate.max_completion_tokens, critic=critic_model, progress=advance,
-                                  resume=state, save_state=states.save, dist=sharded)
+                                  resume=state, save_state=states.save, dist=sharded,
+                                  truncation=sampling_truncation(p.generate, p.train))
         states.wait()
     timer.move(compile_seconds(), to="compile")
     with timer.phase("write"):

@@ -10,7 +10,9 @@
   times the high-entropy token mask (``train.top_entropy_quantile``; the "80/20" rule), 1 when off;
 - `D_t`: the KL estimator of pi_theta against pi_ref (``train.kl_estimator``), optionally weighted by
   pi_theta / pi_old (DeepSeek-V3.2's unbiased KL, ``train.kl_importance_weighted``), clamped as the
-  profile says;
+  profile says; always of the full softmax, while with DeepSeek-V3.2's keep sampling mask
+  (``train.keep_sampling_mask``, top-p/top-k sampling) `J_t`, its corrections and the health metrics
+  use pi_old and pi_theta truncated to the sampler's support (rlpipe.engines.truncation);
 - `L_V`: the clipped value loss of the critic (gae only);
 - `agg`: ``train.loss_aggregation`` with the normalisers of ``train.token_mean_scope``.
 
@@ -31,6 +33,7 @@ from rlpipe.algorithms.losses import (POLICY_LOSS_OPTIONS, get_policy_loss, mask
                                       policy_health_tensors, truncated_importance_weights, value_loss)
 from rlpipe.config import TrainConfig
 from rlpipe.engines.logprobs import completion_logprobs, make_packed_batch, make_token_batch, to_device
+from rlpipe.engines.truncation import completion_logprobs_truncated
 
 
 @dataclass
@@ -53,6 +56,10 @@ class TrainingData:
     # train.top_entropy_quantile < 1: per row, the tokens whose policy term is trained (the loop fills it
     # from pi_old's entropies); None = every token
     entropy_keep: list[np.ndarray] | None = None
+    # train.keep_sampling_mask with top-p/top-k: pi_old's kept set S_t of every completion token (the loop
+    # fills it; old_logprobs are then truncated to it and old_logprobs_full are the full-softmax ones)
+    kept: list[list[np.ndarray]] | None = None
+    old_logprobs_full: list[np.ndarray] | None = None
 
     def policy_tokens(self, i: int) -> int:
         """Tokens of sequence i that enter the loss (its policy tokens)."""
@@ -113,9 +120,15 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
     batch = make_packed_batch(prompts, completions).to(cfg.device)  # one unpadded row: no work on padding
     logprobs_of = completion_logprobs if dist is None else dist.completion_logprobs
     with autocast(cfg):
-        logp_BC, entropy_BC = logprobs_of(model, batch, temperature=temperature, chunk_size=cfg.chunk_size,
-                                          with_entropy=cfg.entropy_coef > 0)
-    logp_BC = logp_BC.float()
+        if data.kept is not None:  # keep sampling mask: the ratio on pi_old's support, the KL on the full softmax
+            full_BC, entropy_BC, logp_BC = completion_logprobs_truncated(
+                model, batch, [data.kept[i] for i in idx], temperature=temperature, chunk_size=cfg.chunk_size,
+                with_entropy=cfg.entropy_coef > 0)
+        else:
+            logp_BC, entropy_BC = logprobs_of(model, batch, temperature=temperature, chunk_size=cfg.chunk_size,
+                                              with_entropy=cfg.entropy_coef > 0)
+            full_BC = logp_BC
+    logp_BC, full_BC = logp_BC.float(), full_BC.float()
     width, device = logp_BC.shape[1], logp_BC.device
     lengths_B = to_device(torch.tensor(batch.completion_lengths), device)
     mask_BC = torch.arange(width, device=device)[None, :] < lengths_B[:, None]
@@ -149,7 +162,8 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
         loss_BC = loss_BC * weights_BC
         health["tis_weight_mean"] = masked_mean(weights_BC, mask_BC)
         health["tis_capped_fraction"] = masked_mean(weights_BC >= cfg.tis_cap, mask_BC)
-    kl_BC = _kl_to_reference(logp_BC, old_BC, ref_BC, cfg)
+    old_full_BC = rows("old_logprobs_full") if data.kept is not None else old_BC
+    kl_BC = _kl_to_reference(full_BC, old_full_BC, ref_BC, cfg)
     if cfg.kl_beta > 0:
         loss_BC = loss_BC + cfg.kl_beta * kl_BC
     if cfg.entropy_coef > 0:
