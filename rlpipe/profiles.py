@@ -67,6 +67,7 @@ MATCHING_DEFAULTS: dict[str, dict[str, Any]] = {
         "train.kl_beta": 0.0,  # beta
         "train.epochs": 1,  # num_iterations
         "train.kl_importance_weighted": False,  # use_bias_correction_kl (False at f2cd577; see the note)
+        "train.keep_sampling_mask": False,  # the trainer's log-probs are of the full softmax
     },
     "verl": {
         "train.loss_aggregation": "token-mean",  # actor.loss_agg_mode
@@ -75,6 +76,7 @@ MATCHING_DEFAULTS: dict[str, dict[str, Any]] = {
         "train.kl_estimator": "k3",  # actor.kl_loss_type: low_var_kl
         "train.kl_beta": 0.0,  # actor.use_kl_loss: false (GRPO examples: true with kl_loss_coef 0.001)
         "train.epochs": 1,  # actor.ppo_epochs
+        "train.keep_sampling_mask": False,  # the trainer's log-probs are of the full softmax
     },
     "openrlhf": {
         "train.loss_aggregation": "token-mean",  # PolicyLoss(token_level_loss=True); gspo forces seq-mean-token-mean
@@ -83,6 +85,7 @@ MATCHING_DEFAULTS: dict[str, dict[str, Any]] = {
         "train.kl_estimator": "k1",  # algo.kl.estimator (GRPO examples: k3 with algo.kl.use_loss)
         "train.kl_beta": 0.0,  # algo.kl.use_loss is off: KL goes into the reward (init_coef 0.01), not the loss
         "train.epochs": 1,  # train.max_epochs
+        "train.keep_sampling_mask": False,  # the trainer's log-probs are of the full softmax
     },
 }
 
