@@ -48,8 +48,9 @@ def kept_sets(logits_NV: torch.Tensor, target_N: torch.Tensor, *, temperature: f
     with torch.no_grad():
         keep_NV = filter_logits(logits_NV.float() / temperature, top_k=top_k, top_p=top_p) > float("-inf")
         keep_NV[torch.arange(keep_NV.shape[0], device=keep_NV.device), target_N] = True
-        keep = keep_NV.cpu().numpy()
-    return [np.flatnonzero(row).astype(np.int32) for row in keep]
+        row_M, col_M = (x.cpu().numpy() for x in keep_NV.nonzero(as_tuple=True))  # row-major: ids ascend per row
+    bounds = np.searchsorted(row_M, np.arange(keep_NV.shape[0] + 1))
+    return [col_M[a:b].astype(np.int32) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def truncated_target_logprobs(logits_NV: torch.Tensor, target_N: torch.Tensor, kept_N: Sequence[np.ndarray], *,
@@ -61,9 +62,11 @@ def truncated_target_logprobs(logits_NV: torch.Tensor, target_N: torch.Tensor, k
     Shapes: logits_NV [N, V], target_N [N], N arrays of ids -> [N] float32.
     """
     n, vocab = logits_NV.shape
+    sizes = np.fromiter((len(ids) for ids in kept_N), dtype=np.int64, count=n)
+    rows = torch.from_numpy(np.repeat(np.arange(n), sizes))
+    cols = torch.from_numpy(np.concatenate(kept_N).astype(np.int64) if n else np.zeros(0, np.int64))
     keep_NV = torch.zeros((n, vocab), dtype=torch.bool)
-    for i, ids in enumerate(kept_N):
-        keep_NV[i, torch.from_numpy(np.asarray(ids, dtype=np.int64))] = True
+    keep_NV[rows, cols] = True
     keep_NV = keep_NV.to(logits_NV.device)
     z_NV = (logits_NV.float() / temperature).masked_fill(~keep_NV, float("-inf"))
     return z_NV.gather(-1, target_N.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z_NV, dim=-1)
