@@ -42,7 +42,8 @@ VARIANTS = {
     "gmpo_reinforce_pp_baseline": {"train.policy_loss": "gmpo", "train.eps_low": 0.4, "train.eps_high": 0.4,
                                    "advantage.estimator": "reinforce_plus_plus_baseline"},
     "gdpo_verl_profile": {"profile": "verl", "advantage.estimator": "gdpo"},
-    "normalize_then_sum_ratio_cap": {"advantage.estimator": "grpo_normalize_then_sum", "train.ratio_cap": 4.0},
+    "normalize_then_sum_ratio_cap": {"advantage.estimator": "grpo_normalize_then_sum", "train.ratio_cap": 4.0,
+                                     "advantage.nan_rewards": "zero_advantage"},
     # RLHF: the reward is the trained Bradley-Terry model's score; exact_answer stays at weight 0 for accuracy
     "ppo_reward_model": {
         "advantage.estimator": "gae", "train.loss_aggregation": "token-mean",
@@ -88,6 +89,8 @@ def test_every_algorithm_runs_one_iteration(project_copy):
             assert "high_entropy_threshold" in train and 0 < train["high_entropy_kept_fraction"] < 0.5
         if name in ("gdpo_verl_profile", "normalize_then_sum_ratio_cap"):
             assert adv["reward_components"] == 2  # exact_answer and digit_match
+        if name == "normalize_then_sum_ratio_cap":  # no reward of the tiny task is NaN: nothing is left out
+            assert adv.get("unscorable", 0) == 0 and adv["num_trained"] == adv["num_samples"]
         if name == "deepseek_v32":
             assert {"off_policy_masked_fraction", "tis_weight_mean"} <= set(train)
         if name in ("reinforce_plus_plus", "ppo", "ppo_reward_model"):
