@@ -35,11 +35,15 @@ def grpo_passk_advantages(rewards_B, group_index_B, *, std_mode: str, eps: float
     r_B = _rewards(rewards_B)
     inv_B, size_g, mean_g, singleton_g, zero_var_g = _group_stats(r_B, group_index_B)
     adv_B = np.zeros_like(r_B)
-    for g in np.flatnonzero(~(singleton_g | zero_var_g)):
-        rows = np.flatnonzero(inv_B == g)
-        order = rows[np.argsort(-r_B[rows], kind="stable")]  # the first of tied best samples leads
-        std = float(np.std(r_B[rows], ddof=_DDOF[std_mode]))
-        adv_B[order[0]] = (r_B[order[0]] - r_B[order[1]]) / (std + eps)
+    learns_g = ~(singleton_g | zero_var_g)
+    if learns_g.any():
+        order = np.lexsort((-r_B, inv_B))  # by group, then reward descending; stable: tied best -> the first row
+        start_g = np.searchsorted(inv_B[order], np.arange(size_g.shape[0]))
+        best_g, second_g = order[start_g[learns_g]], order[start_g[learns_g] + 1]
+        dev_B = r_B - mean_g[inv_B]
+        sq_g = np.bincount(inv_B, weights=dev_B**2, minlength=size_g.shape[0])
+        std_g = np.sqrt(sq_g / np.maximum(size_g - _DDOF[std_mode], 1))
+        adv_B[best_g] = (r_B[best_g] - r_B[second_g]) / (std_g[learns_g] + eps)
     return adv_B, _group_metrics(size_g, singleton_g, zero_var_g)
 
 
