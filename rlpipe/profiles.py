@@ -113,8 +113,9 @@ PROFILE_NOTES: dict[str, dict[str, str]] = {
                               "scale_rewards='group' (default)",
         "advantage.eps": f"hard-coded `/ (std_rewards + 1e-4)` ({_GRPO}#L2705-L2707)",
         "advantage.singleton_groups": "num_generations must be > 1 in training; a group of one gets std 0 in eval",
-        "advantage.whiten_form": "TRL's GRPO does not whiten; its PPO trainer (trl/experimental/ppo) whitens "
-                                 "advantages with masked_whiten: Bessel variance, rsqrt(var + 1e-8)",
+        "advantage.whiten_form": "TRL's GRPO does not whiten; its PPO trainer whitens advantages with masked_whiten: "
+                                 "Bessel variance, rsqrt(var + 1e-8) "
+                                 f"({_TRL}/trl/experimental/ppo/ppo_trainer.py#L245-L270)",
         "advantage.whiten_eps": "1e-8 inside the rsqrt (masked_whiten)",
         "train.policy_log_ratio_clamp": f"coef_1 = exp(log_ratio) with no clamp ({_GRPO}#L3054-L3066)",
         "train.gspo_log_ratio_clamp": "importance_sampling_level='sequence' exponentiates the mean log-ratio "
