@@ -111,15 +111,18 @@ def completion_logprobs_truncated(model: torch.nn.Module, batch: TokenBatch | Pa
 
 def batched_kept_sets(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
                       completions: Sequence[Sequence[int]], *, temperature: float, top_k: int, top_p: float,
-                      max_tokens_per_batch: int, chunk_size: int,
-                      autocast_dtype: torch.dtype | None = None) -> tuple[list[np.ndarray], KeptSets]:
-    """(truncated log-probs, kept sets) of every completion under `model` (pi_old), in input order, no grad.
+                      max_tokens_per_batch: int, chunk_size: int, autocast_dtype: torch.dtype | None = None
+                      ) -> tuple[list[np.ndarray], KeptSets, list[np.ndarray], list[np.ndarray]]:
+    """(truncated log-probs, kept sets, full log-probs, entropies) of every completion under `model` (pi_old).
 
-    The log-probs are the sampler's: `log softmax(filter(logits / T))` of each token (the HF engine's
-    `pick_next_tokens`), so against the recorded sampler log-probs they differ by float noise only.
+    One no-grad pass, in input order. The truncated log-probs are the sampler's: `log softmax(filter(logits
+    / T))` of each token (the HF engine's `pick_next_tokens`), so against the recorded sampler log-probs
+    they differ by float noise only; the full ones and the entropies are `batched_completion_logprobs`'s.
     """
     lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
-    logprobs: list = [None] * len(prompts)
+    truncated: list = [None] * len(prompts)
+    full: list = [None] * len(prompts)
+    entropy: list = [None] * len(prompts)
     kept: list = [None] * len(prompts)
     device = next(model.parameters()).device
     autocast = (torch.autocast(device_type=device.type, dtype=autocast_dtype) if autocast_dtype is not None
@@ -129,23 +132,29 @@ def batched_kept_sets(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
             batch = make_packed_batch([prompts[i] for i in indices], [completions[i] for i in indices])
             hidden_NH, target_N, row_N, col_N, head = completion_hidden(model, batch, temperature=temperature,
                                                                         chunk_size=chunk_size)
-            values, sets = [], []
+            pieces: dict[str, list[torch.Tensor]] = {"truncated": [], "full": [], "entropy": []}
+            sets: list[np.ndarray] = []
             for start in range(0, hidden_NH.shape[0], chunk_size):
                 logits_NV = head(hidden_NH[start:start + chunk_size])
                 t_N = target_N[start:start + chunk_size]
                 chunk_sets = kept_sets(logits_NV, t_N, temperature=temperature, top_k=top_k, top_p=top_p)
-                values.append(truncated_target_logprobs(logits_NV, t_N, chunk_sets, temperature=temperature))
+                pieces["truncated"].append(truncated_target_logprobs(logits_NV, t_N, chunk_sets,
+                                                                     temperature=temperature))
+                logprob_N, _, entropy_N = _fused(_logit_stats, hidden_NH.device)(logits_NV, t_N, temperature, True)
+                pieces["full"].append(logprob_N)
+                pieces["entropy"].append(entropy_N)
                 sets += chunk_sets
             shape = (len(indices), batch.max_completion_length)
-            grid = completion_grid(values, row_N, col_N, shape, hidden_NH.device)
             per_row: list[list] = [[None] * n for n in batch.completion_lengths]
             for (r, c), ids in zip(zip(row_N.tolist(), col_N.tolist()), sets):
                 per_row[r][c] = ids
             for j, i in enumerate(indices):
                 kept[i] = per_row[j]
-            for i, row in zip(indices, unpad(grid, batch.completion_lengths)):
-                logprobs[i] = row
-    return logprobs, kept
+            for name, out in (("truncated", truncated), ("full", full), ("entropy", entropy)):
+                grid = completion_grid(pieces[name], row_N, col_N, shape, hidden_NH.device)
+                for i, row in zip(indices, unpad(grid, batch.completion_lengths)):
+                    out[i] = row
+    return truncated, kept, full, entropy
 
 
 def batched_truncated_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[int]],

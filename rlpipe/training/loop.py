@@ -166,12 +166,13 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
         critic_optimizer = _adamw(critic.parameters(), cfg, cfg.critic.lr)
     stopped = False
     if resume is None:
-        with torch.no_grad():
-            old, old_entropy = _all_logprobs(model, data, cfg, temperature=temperature, pad_token_id=pad_token_id,
-                                             with_entropy=True, dist=dist)
+        if truncation is not None:  # one pass gives the kept sets, both old log-probs and the entropies
+            old, old_entropy = _keep_sampling_mask(model, data, cfg, truncation, temperature=temperature, dist=dist)
+        else:
+            with torch.no_grad():
+                old, old_entropy = _all_logprobs(model, data, cfg, temperature=temperature,
+                                                 pad_token_id=pad_token_id, with_entropy=True, dist=dist)
         done, skipped, steps = 0, 0, []
-        if truncation is not None:
-            old = _keep_sampling_mask(model, data, cfg, old, truncation, temperature=temperature, dist=dist)
     else:  # pi_old's log-probs come from the state: the model there has already moved
         _load_state(model, optimizer, resume["model"], resume["optimizer"], dist)
         if critic is not None:
@@ -270,21 +271,21 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
     return TrainResult(metrics=metrics, steps=steps, old_logprobs=old, old_entropy=old_entropy, new_logprobs=new)
 
 
-def _keep_sampling_mask(model, data: TrainingData, cfg: TrainConfig, old_full: list[np.ndarray],
-                        truncation: tuple[int, float], *, temperature: float, dist) -> list[np.ndarray]:
-    """DeepSeek-V3.2's keep sampling mask: pi_old's kept sets and truncated log-probs (returned); the full
-    ones stay in data.old_logprobs_full for the KL's importance weight."""
+def _keep_sampling_mask(model, data: TrainingData, cfg: TrainConfig, truncation: tuple[int, float], *,
+                        temperature: float, dist) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """DeepSeek-V3.2's keep sampling mask: pi_old's kept sets (into data.kept), its truncated log-probs and
+    entropies (returned); the full log-probs go to data.old_logprobs_full for the KL's importance weight."""
     if dist is not None:
         raise NotImplementedError("train.keep_sampling_mask with generate.top_p < 1 or top_k > 0 is not supported "
                                   "under torchrun yet; set train.keep_sampling_mask: false or train in one process")
     top_k, top_p = truncation
     with autocast(cfg):
-        old, kept = batched_kept_sets(model, data.prompt_token_ids, data.completion_token_ids, temperature=temperature,
-                                      top_k=top_k, top_p=top_p, max_tokens_per_batch=_budget(data, cfg),
-                                      chunk_size=cfg.chunk_size)
+        old, kept, old_full, entropy = batched_kept_sets(
+            model, data.prompt_token_ids, data.completion_token_ids, temperature=temperature, top_k=top_k,
+            top_p=top_p, max_tokens_per_batch=_budget(data, cfg), chunk_size=cfg.chunk_size)
     data.old_logprobs_full = old_full
     data.kept = kept
-    return old
+    return old, entropy
 
 
 def _kept_to_state(kept) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -53,8 +53,8 @@ def test_top_p_sampler_vs_trainer_mismatch_is_float_noise(sampled):
     model, prompts, completions, sampler = sampled
     full, _ = batched_completion_logprobs(model, prompts, completions, pad_token_id=PAD_ID, temperature=0.8,
                                           max_tokens_per_batch=256, chunk_size=16, with_entropy=False)
-    truncated, kept = batched_kept_sets(model, prompts, completions, temperature=0.8, top_k=0, top_p=0.9,
-                                        max_tokens_per_batch=256, chunk_size=16)
+    truncated, kept, full_again, entropy = batched_kept_sets(model, prompts, completions, temperature=0.8, top_k=0,
+                                                             top_p=0.9, max_tokens_per_batch=256, chunk_size=16)
     flat = lambda rows: np.concatenate(rows)  # noqa: E731
     before = np.abs(flat(full) - flat(sampler))
     after = np.abs(flat(truncated) - flat(sampler))
@@ -62,6 +62,8 @@ def test_top_p_sampler_vs_trainer_mismatch_is_float_noise(sampled):
     assert before.mean() > 1e-2
     assert after.max() < 1e-5  # float noise between the cached decode and the packed forward
     assert all(len(s) < VOCAB for row in kept for s in row)
+    np.testing.assert_allclose(flat(full_again), flat(full), atol=1e-6)  # the same pass gives the full ones
+    assert all(len(e) == len(c) for e, c in zip(entropy, completions))
     # pi_old on its own kept sets gives the same numbers through the training path
     again = batched_truncated_logprobs(model, prompts, completions, kept, temperature=0.8, max_tokens_per_batch=256,
                                        chunk_size=16)
@@ -70,8 +72,8 @@ def test_top_p_sampler_vs_trainer_mismatch_is_float_noise(sampled):
 
 def test_truncated_logprobs_gradient_matches_autograd_of_the_logits(sampled):
     model, prompts, completions, _ = sampled
-    _, kept = batched_kept_sets(model, prompts[:3], completions[:3], temperature=0.8, top_k=0, top_p=0.9,
-                                max_tokens_per_batch=256, chunk_size=16)
+    _, kept, _, _ = batched_kept_sets(model, prompts[:3], completions[:3], temperature=0.8, top_k=0, top_p=0.9,
+                                      max_tokens_per_batch=256, chunk_size=16)
     batch = make_packed_batch(prompts[:3], completions[:3])
     weights = torch.randn(3, max(len(c) for c in completions[:3]), generator=torch.Generator().manual_seed(0))
     model.zero_grad()
