@@ -152,3 +152,19 @@ def test_ppo_carries_its_critic_and_adaptive_beta_to_the_next_iteration(project_
     assert values.metadata["critic"] == {"path": "state/critic", "fresh_head": False, "critic_version": 1}
     assert read_json(root / "state/critic/rlpipe.json")["critic_version"] == 2
     assert (root / "state/critic.dvc").is_file()
+
+
+def test_top_p_sampling_with_the_keep_sampling_mask(project_copy):
+    """generate.top_p 0.9: the trainer truncates pi_old to the sampler's support, so the sampler-trainer
+    mismatch stays float noise (DeepSeek-V3.2's keep sampling mask; docs/off-policy.md)."""
+    root = project_copy
+    edit_params(root / "params.yaml", {"generate.top_p": 0.9})
+    ran = ran_stages(run(["dvc", "repro"], root).stdout)
+    assert {"generate", "score", "reference_logprob", "advantage", "train", "evaluate"} <= set(ran), ran
+    train = metrics(root, "train")
+    assert train["keep_sampling_mask"] is True and 0.5 < train["sampling_kept_mass_mean"] < 1.0
+    assert train["sampler_mismatch_max_abs"] < 1e-5
+    assert train["optimizer_steps"] > 0 and train["skipped_steps"] == 0
+    edit_params(root / "params.yaml", {"train.keep_sampling_mask": False})  # the peers' full softmax
+    assert ran_stages(run(["dvc", "repro"], root).stdout) == ["train", "evaluate"]
+    assert metrics(root, "train")["sampler_mismatch_mean_abs"] > 1e-3
