@@ -131,3 +131,34 @@ def test_kept_sets_survive_a_resume_state():
     back = _kept_from_state(_kept_to_state(kept))
     assert [[s.tolist() for s in row] for row in back] == [[[0, 3], [5]], []]
     assert all(isinstance(t, torch.Tensor) for pair in _kept_to_state(kept) for t in pair)  # weights_only loads
+
+
+def test_resume_with_the_keep_sampling_mask_ends_where_the_uninterrupted_run_ends(sampled, tmp_path):
+    import copy
+
+    from rlpipe.training.loop import train_policy
+    from rlpipe.training.resume import load_state, save_state
+    from tests.training.test_loop import config, flat, make_data
+
+    model, prompts, completions, sampler = sampled
+    start = copy.deepcopy(model.state_dict())
+    adv = [np.full(len(c), (-1.0) ** i, dtype=np.float32) for i, c in enumerate(completions)]
+
+    def data():
+        return make_data(prompts, completions, adv, [s.astype(np.float32) for s in sampler],
+                         sampler=[s.astype(np.float32) for s in sampler])
+
+    cfg = config(kl_beta=0.05, epochs=2, minibatch_size=16, micro_batch_size=8, checkpoint_every_steps=2)
+    run = dict(temperature=0.8, pad_token_id=PAD_ID, seed=1, iteration=0, max_length=12, truncation=(0, 0.9))
+    try:
+        states = []
+        model.load_state_dict(start)
+        full = train_policy(model, data(), cfg, **run, save_state=lambda st: states.append(copy.deepcopy(st)))
+        full_weights = flat(model).clone()
+        save_state(tmp_path, states[0], fsync=False)  # through the file: weights_only must load the kept sets
+        model.load_state_dict(start)
+        resumed = train_policy(model, data(), cfg, **run, resume=load_state(tmp_path))
+        assert torch.equal(flat(model), full_weights)
+        assert resumed.steps == full.steps and resumed.metrics == full.metrics
+    finally:
+        model.load_state_dict(start)
