@@ -14,6 +14,8 @@ while the recomputed one costs one no-grad LM-head pass and is exact up to the f
 sampler and trainer logits (which can only move a token that sits on the top-p boundary). The sampled
 token is always added to S_t, so its log-prob is finite even if that noise dropped it.
 The sets live in memory for the iteration (and in the train stage's resume state), as int32 ids.
+Under torchrun, `rlpipe.training.distributed.PolicyForward` runs `batch_kept_sets` and
+`completion_logprobs_truncated` inside the FSDP root, on the batches one process would make.
 
 What uses which: the policy ratio, the off-policy mask, truncated importance sampling and the health
 metrics use the truncated log-probs of pi_old and pi_theta; the KL to pi_ref (and its importance
@@ -109,16 +111,44 @@ def completion_logprobs_truncated(model: torch.nn.Module, batch: TokenBatch | Pa
             completion_grid(truncated, row_N, col_N, shape, device))
 
 
+def batch_kept_sets(model: torch.nn.Module, batch: TokenBatch | PackedBatch, *, temperature: float, top_k: int,
+                    top_p: float, chunk_size: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, KeptSets]:
+    """(truncated_BC, full_BC, entropy_BC, kept) of one batch under `model` (pi_old); call it without grad.
+
+    `kept[b][t]` is S_t of completion token t of sequence b. The truncated log-probs are the sampler's:
+    `log softmax(filter(logits / T))` of each token (the HF engine's `pick_next_tokens`), so against the
+    recorded sampler log-probs they differ by float noise only; the full ones and the entropies are
+    `completion_logprobs`'s, from the same logits.
+    """
+    hidden_NH, target_N, row_N, col_N, head = completion_hidden(model, batch, temperature=temperature,
+                                                                chunk_size=chunk_size)
+    pieces: dict[str, list[torch.Tensor]] = {"truncated": [], "full": [], "entropy": []}
+    sets: list[np.ndarray] = []
+    for start in range(0, hidden_NH.shape[0], chunk_size):
+        logits_NV = head(hidden_NH[start:start + chunk_size])
+        t_N = target_N[start:start + chunk_size]
+        chunk_sets = kept_sets(logits_NV, t_N, temperature=temperature, top_k=top_k, top_p=top_p)
+        pieces["truncated"].append(truncated_target_logprobs(logits_NV, t_N, chunk_sets, temperature=temperature))
+        logprob_N, _, entropy_N = _fused(_logit_stats, hidden_NH.device)(logits_NV, t_N, temperature, True)
+        pieces["full"].append(logprob_N)
+        pieces["entropy"].append(entropy_N)
+        sets += chunk_sets
+    kept: KeptSets = [[None] * n for n in batch.completion_lengths]  # type: ignore[list-item]
+    for r, c, ids in zip(row_N.tolist(), col_N.tolist(), sets):
+        kept[r][c] = ids
+    shape = (len(batch.completion_lengths), batch.max_completion_length)
+    grids = [completion_grid(pieces[name], row_N, col_N, shape, hidden_NH.device)
+             for name in ("truncated", "full", "entropy")]
+    return grids[0], grids[1], grids[2], kept
+
+
 def batched_kept_sets(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
                       completions: Sequence[Sequence[int]], *, temperature: float, top_k: int, top_p: float,
                       max_tokens_per_batch: int, chunk_size: int, autocast_dtype: torch.dtype | None = None
                       ) -> tuple[list[np.ndarray], KeptSets, list[np.ndarray], list[np.ndarray]]:
-    """(truncated log-probs, kept sets, full log-probs, entropies) of every completion under `model` (pi_old).
-
-    One no-grad pass, in input order. The truncated log-probs are the sampler's: `log softmax(filter(logits
-    / T))` of each token (the HF engine's `pick_next_tokens`), so against the recorded sampler log-probs
-    they differ by float noise only; the full ones and the entropies are `batched_completion_logprobs`'s.
-    """
+    """(truncated log-probs, kept sets, full log-probs, entropies) of every completion (`batch_kept_sets`),
+    in input order: one no-grad pass over the packed token-budget batches of `batched_completion_logprobs`."""
     lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
     truncated: list = [None] * len(prompts)
     full: list = [None] * len(prompts)
@@ -130,28 +160,11 @@ def batched_kept_sets(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
     with torch.inference_mode(), eval_mode(model), autocast:
         for indices in token_budget_batches(lengths, max_tokens_per_batch, packed=True):
             batch = make_packed_batch([prompts[i] for i in indices], [completions[i] for i in indices])
-            hidden_NH, target_N, row_N, col_N, head = completion_hidden(model, batch, temperature=temperature,
-                                                                        chunk_size=chunk_size)
-            pieces: dict[str, list[torch.Tensor]] = {"truncated": [], "full": [], "entropy": []}
-            sets: list[np.ndarray] = []
-            for start in range(0, hidden_NH.shape[0], chunk_size):
-                logits_NV = head(hidden_NH[start:start + chunk_size])
-                t_N = target_N[start:start + chunk_size]
-                chunk_sets = kept_sets(logits_NV, t_N, temperature=temperature, top_k=top_k, top_p=top_p)
-                pieces["truncated"].append(truncated_target_logprobs(logits_NV, t_N, chunk_sets,
-                                                                     temperature=temperature))
-                logprob_N, _, entropy_N = _fused(_logit_stats, hidden_NH.device)(logits_NV, t_N, temperature, True)
-                pieces["full"].append(logprob_N)
-                pieces["entropy"].append(entropy_N)
-                sets += chunk_sets
-            shape = (len(indices), batch.max_completion_length)
-            per_row: list[list] = [[None] * n for n in batch.completion_lengths]
-            for (r, c), ids in zip(zip(row_N.tolist(), col_N.tolist()), sets):
-                per_row[r][c] = ids
+            grids = batch_kept_sets(model, batch, temperature=temperature, top_k=top_k, top_p=top_p,
+                                    chunk_size=chunk_size)
             for j, i in enumerate(indices):
-                kept[i] = per_row[j]
-            for name, out in (("truncated", truncated), ("full", full), ("entropy", entropy)):
-                grid = completion_grid(pieces[name], row_N, col_N, shape, hidden_NH.device)
+                kept[i] = grids[3][j]
+            for grid, out in zip(grids[:3], (truncated, full, entropy)):
                 for i, row in zip(indices, unpad(grid, batch.completion_lengths)):
                     out[i] = row
     return truncated, kept, full, entropy

@@ -250,10 +250,12 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
                 break
     with torch.no_grad():
         if data.kept is not None:  # on pi_old's supports, like the old log-probs they are compared with
+            truncated_of = (batched_truncated_logprobs if dist is None
+                            else (lambda model, *args, **kw: dist.all_truncated_logprobs(*args, **kw)))
             with autocast(cfg):
-                new = batched_truncated_logprobs(model, data.prompt_token_ids, data.completion_token_ids, data.kept,
-                                                 temperature=temperature, max_tokens_per_batch=_budget(data, cfg),
-                                                 chunk_size=cfg.chunk_size)
+                new = truncated_of(model, data.prompt_token_ids, data.completion_token_ids, data.kept,
+                                   temperature=temperature, max_tokens_per_batch=_budget(data, cfg),
+                                   chunk_size=cfg.chunk_size)
         else:
             new, _ = _all_logprobs(model, data, cfg, temperature=temperature, pad_token_id=pad_token_id,
                                    with_entropy=False, dist=dist)
@@ -275,12 +277,10 @@ def _keep_sampling_mask(model, data: TrainingData, cfg: TrainConfig, truncation:
                         temperature: float, dist) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """DeepSeek-V3.2's keep sampling mask: pi_old's kept sets (into data.kept), its truncated log-probs and
     entropies (returned); the full log-probs go to data.old_logprobs_full for the KL's importance weight."""
-    if dist is not None:
-        raise NotImplementedError("train.keep_sampling_mask with generate.top_p < 1 or top_k > 0 is not supported "
-                                  "under torchrun yet; set train.keep_sampling_mask: false or train in one process")
     top_k, top_p = truncation
+    kept_sets_of = batched_kept_sets if dist is None else (lambda model, *args, **kw: dist.all_kept_sets(*args, **kw))
     with autocast(cfg):
-        old, kept, old_full, entropy = batched_kept_sets(
+        old, kept, old_full, entropy = kept_sets_of(
             model, data.prompt_token_ids, data.completion_token_ids, temperature=temperature, top_k=top_k,
             top_p=top_p, max_tokens_per_batch=_budget(data, cfg), chunk_size=cfg.chunk_size)
     data.old_logprobs_full = old_full

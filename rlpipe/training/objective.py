@@ -121,7 +121,8 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
     logprobs_of = completion_logprobs if dist is None else dist.completion_logprobs
     with autocast(cfg):
         if data.kept is not None:  # keep sampling mask: the ratio on pi_old's support, the KL on the full softmax
-            full_BC, entropy_BC, logp_BC = completion_logprobs_truncated(
+            truncated_of = completion_logprobs_truncated if dist is None else dist.completion_logprobs_truncated
+            full_BC, entropy_BC, logp_BC = truncated_of(
                 model, batch, [data.kept[i] for i in idx], temperature=temperature, chunk_size=cfg.chunk_size,
                 with_entropy=cfg.entropy_coef > 0)
         else:
