@@ -26,8 +26,26 @@ sys.path.insert(0, str(REPO))
 from tests.e2e.conftest import edit_params, make_project  # noqa: E402  (the same project copy the e2e tests use)
 from tests.e2e.test_algorithms import VARIANTS  # noqa: E402
 
+# issue 16's losses, estimators and options one at a time (the e2e test combines several per variant to stay
+# short, so its variants are not single features)
+SINGLE_FEATURES: dict[str, dict[str, object]] = {
+    "cispo": {"train.policy_loss": "cispo", "train.eps_low": 1.0, "train.eps_high": 4.0},
+    "sapo": {"train.policy_loss": "sapo"},
+    "gmpo": {"train.policy_loss": "gmpo", "train.eps_low": 0.4, "train.eps_high": 0.4},
+    "token_sum": {"train.loss_aggregation": "token-sum"},
+    "reinforce_pp_baseline": {"advantage.estimator": "reinforce_plus_plus_baseline"},
+    "grpo_passk": {"advantage.estimator": "grpo_passk"},
+    "gdpo": {"advantage.estimator": "gdpo"},
+    "normalize_then_sum": {"advantage.estimator": "grpo_normalize_then_sum"},
+    "batch_std": {"advantage.std_scope": "batch"},
+    "ratio_cap": {"train.ratio_cap": 4.0},
+    "high_entropy_80_20": {"train.top_entropy_quantile": 0.2},
+    "top_p_keep_mask": {"generate.top_p": 0.9},
+    "top_p_full_softmax": {"generate.top_p": 0.9, "train.keep_sampling_mask": False},
+}
+
 # the same params as the one-iteration e2e test of every algorithm (one definition of each variant)
-ALGORITHMS: dict[str, dict[str, object]] = {"grpo": {}, **VARIANTS}
+ALGORITHMS: dict[str, dict[str, object]] = {"grpo": {}, **VARIANTS, **SINGLE_FEATURES}
 
 
 def env() -> dict[str, str]:

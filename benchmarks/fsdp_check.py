@@ -65,7 +65,9 @@ def train_config(device: str, epochs: int, minibatch: int = 32, micro_batch: int
     return TrainConfig(
         policy_loss="ppo_clip", eps_low=0.2, eps_high=0.28, dual_clip_c=None, gspo_form="sequence", kl_beta=0.0,
         kl_estimator="k3", kl_importance_weighted=False, kl_log_ratio_clamp=20.0, kl_value_clamp=10.0,
-        token_mean_scope="minibatch", off_policy_mask_delta=None, tis_cap=None, target_kl=None,
+        kl_clamp_scope="every_estimator", token_mean_scope="minibatch", off_policy_mask_delta=None,
+        off_policy_mask_scope="whole_loss", ratio_cap=None, sapo_tau_pos=1.0, sapo_tau_neg=1.05,
+        policy_log_ratio_clamp=20.0, gspo_log_ratio_clamp=20.0, top_entropy_quantile=1.0, keep_sampling_mask=True, tis_cap=None, target_kl=None,
         gradient_checkpointing=False, compile_layers=False,
         critic=CriticTrainConfig(lr=1e-5, value_coef=0.5, value_clip_eps=0.2, max_grad_norm=1.0),
         loss_aggregation="seq-mean-token-mean", epochs=epochs, minibatch_size=minibatch, micro_batch_size=micro_batch,

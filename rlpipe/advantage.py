@@ -32,12 +32,20 @@ def padded_mask(lengths: np.ndarray) -> np.ndarray:
     return (np.arange(width)[None, :] < lengths[:, None]).astype(np.float64)
 
 
-def estimator_options(cfg: AdvantageConfig) -> dict[str, Any]:
-    """The hyperparameters each estimator reads, from one config section."""
+def estimator_options(cfg: AdvantageConfig, reward_weights: list[float] | None = None) -> dict[str, Any]:
+    """The hyperparameters each estimator reads, from one config section (``reward_weights``: the
+    score.rewards weights of the components, for the multi-reward estimators)."""
+    whitening = {"whiten_form": cfg.whiten_form, "whiten_eps": cfg.whiten_eps}
+    group = {"std_mode": cfg.std_mode, "eps": cfg.eps}
     return {
-        "grpo": {"std_mode": cfg.std_mode, "eps": cfg.eps},
-        "reinforce_plus_plus": {"eps": cfg.eps},
-        "gae": {"gamma": cfg.gamma, "lam": cfg.lam, "eps": cfg.eps, "whiten": cfg.whiten},
+        "grpo": {**group, "singleton_groups": cfg.singleton_groups, "std_scope": cfg.std_scope},
+        "dr_grpo": {"singleton_groups": cfg.singleton_groups},
+        "reinforce_plus_plus": whitening,
+        "gae": {"gamma": cfg.gamma, "lam": cfg.lam, "whiten": cfg.whiten, **whitening},
+        "grpo_passk": group,
+        "reinforce_plus_plus_baseline": {"singleton_groups": cfg.singleton_groups, **whitening},
+        "gdpo": {**group, "singleton_groups": cfg.singleton_groups, **whitening, "reward_weights": reward_weights},
+        "grpo_normalize_then_sum": {**group, "reward_weights": reward_weights},
     }.get(cfg.estimator, {})
 
 
@@ -75,16 +83,19 @@ def require_critic_values(values: Artifact) -> Artifact:
     return values
 
 
-def check_finite_rewards(rows: pl.DataFrame, source: str) -> None:
-    """Refuse NaN/inf rewards, naming the rows.
+def check_finite_rewards(rows: pl.DataFrame, source: str, *, allow_nan: bool = False) -> None:
+    """Refuse NaN/inf rewards, naming the rows (``allow_nan``: only inf and null; advantage.nan_rewards).
 
     Why refuse rather than treat: one NaN reward makes its whole group's mean and std NaN, so every
     advantage of the group, and any loss it enters, is NaN. Dropping or zeroing such rows would
     train quietly on a reward that is broken; the score stage never writes one (a reward returning
     NaN is a row error with the fallback reward), so a NaN here means the table was produced or
-    edited elsewhere, and the user must look at it.
+    edited elsewhere, and the user must look at it. Unless the user asked for TRL's handling
+    (``advantage.nan_rewards: zero_advantage`` with ``score.fallback_reward: .nan``): then a NaN row
+    is left out of its group's statistics and gets advantage 0 (`compute_advantages`).
     """
-    bad = rows.filter(~pl.col("reward").is_finite() | pl.col("reward").is_null())
+    bad = rows.filter((~pl.col("reward").is_finite() & ~(pl.col("reward").is_nan() & allow_nan))
+                      | pl.col("reward").is_null())
     if bad.height:
         shown = ", ".join(f"(prompt_id={r['prompt_id']}, sample_idx={r['sample_idx']}, reward={r['reward']})"
                           for r in bad.head(5).iter_rows(named=True))
@@ -92,7 +103,7 @@ def check_finite_rewards(rows: pl.DataFrame, source: str) -> None:
                             + (" ..." if bad.height > 5 else ""))
 
 
-def compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig
+def compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights: dict[str, float] | None = None
                        ) -> tuple[pl.DataFrame, dict[str, Any], dict[str, Any]]:
     """Advantage table, metrics and KL-controller record for one iteration.
 
@@ -105,12 +116,22 @@ def compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig
     neither terminal nor rewarded: `gae_advantages` skips masked positions), and token statistics
     count policy tokens. A row whose environment failed (finish_reason ``infra_error``) is left out
     of everything, its group's statistics included, and marked ``filtered_reason: infra_error``.
+    With ``advantage.nan_rewards: zero_advantage`` a row whose reward is NaN (unscorable) is left
+    out of the statistics the same way but stays trainable with advantage 0 (TRL's handling).
+
+    ``reward_weights``: {reward_<name> column: weight} of the multi-reward estimators (gdpo,
+    grpo_normalize_then_sum), whose rows then carry those columns too.
     """
     infra = (rows["finish_reason"] == FILTER_INFRA_ERROR).to_numpy() if "finish_reason" in rows.columns else None
-    if infra is None or not infra.any():
-        return _compute_advantages(rows, cfg)
-    frame, metrics, kl_state = _compute_advantages(rows.filter(~pl.Series(infra)), cfg)
-    left_out = rows.filter(pl.Series(infra))
+    infra = np.zeros(rows.height, dtype=bool) if infra is None else infra
+    unscorable = (rows["reward"].is_nan().fill_null(True).to_numpy() if cfg.nan_rewards == "zero_advantage"
+                  else np.zeros(rows.height, dtype=bool))
+    left = infra | unscorable
+    if not left.any():
+        return _compute_advantages(rows, cfg, reward_weights)
+    frame, metrics, kl_state = _compute_advantages(rows.filter(~pl.Series(left)), cfg, reward_weights)
+    left_out = rows.filter(pl.Series(left))
+    reasons = [FILTER_INFRA_ERROR if bad else None for bad in infra[left]]
     groups = frame.group_by("prompt_id").agg(pl.col("group_size", "group_reward_mean", "group_reward_std").first())
     zeros = [[0.0] * n for n in left_out["completion_length"].to_list()]
     extra = left_out.select("prompt_id", "sample_idx").join(groups, on="prompt_id", how="left").with_columns(
@@ -118,14 +139,16 @@ def compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig
         pl.lit(None if cfg.uses_token_rewards else 0.0, dtype=pl.Float32).alias("advantage"),
         pl.Series("token_advantages", zeros, dtype=pl.List(pl.Float32)),
         pl.Series("returns", zeros if cfg.needs_critic else [None] * left_out.height, dtype=pl.List(pl.Float32)),
-        pl.lit(FILTER_INFRA_ERROR, dtype=pl.String).alias("filtered_reason"),
+        pl.Series("filtered_reason", reasons, dtype=pl.String),
     ).select(frame.columns)
     metrics["num_samples"] = rows.height
+    metrics["num_trained"] += int((unscorable & ~infra).sum())
     metrics["filtered"][FILTER_INFRA_ERROR] = int(infra.sum())
+    metrics["unscorable"] = int((unscorable & ~infra).sum())
     return pl.concat([frame, extra]).sort(["prompt_id", "sample_idx"]), metrics, kl_state
 
 
-def _compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig
+def _compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights: dict[str, float] | None
                         ) -> tuple[pl.DataFrame, dict[str, Any], dict[str, Any]]:
     rewards = rows["reward"].to_numpy().astype(np.float64)
     groups = rows["prompt_id"].to_numpy()
@@ -159,9 +182,16 @@ def _compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig
     # those statistics too (a group estimator's rows only see their own group).
     kept_B = np.array([r is None for r in reason])
     estimator_mask = mask * kept_B[:, None] if cfg.uses_token_rewards else mask
+    components = weights = None
+    if cfg.uses_reward_components:
+        if not reward_weights:
+            raise ArtifactError(f"advantage.estimator {cfg.estimator!r} needs the reward_<name> columns of the scores")
+        components = np.stack([rows[c].cast(pl.Float64).fill_null(np.nan).to_numpy() for c in reward_weights], axis=1)
+        weights = list(reward_weights.values())
     estimator = get_advantage_estimator(cfg.estimator)
     result = estimator(rewards_B=rewards, group_index_B=groups, token_rewards_BT=token_rewards, values_BT=values,
-                       mask_BT=estimator_mask, options=estimator_options(cfg))
+                       mask_BT=estimator_mask, component_rewards_BK=components,
+                       options=estimator_options(cfg, weights))
     token_adv = [result.token_advantages_BT[i, :n].astype(np.float32).tolist() for i, n in enumerate(lengths)]
     seq_adv = result.sequence_advantages_B
     returns = ([result.returns_BT[i, :n].astype(np.float32).tolist() for i, n in enumerate(lengths)]

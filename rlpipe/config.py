@@ -204,9 +204,15 @@ class KLInRewardConfig:
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "gae"]  # gae = PPO with the critic
+    estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "gae", "grpo_passk",
+                       "reinforce_plus_plus_baseline", "gdpo", "grpo_normalize_then_sum"]  # gae = PPO with the critic
     std_mode: Literal["sample", "population"]  # fine point (profile)
     eps: float  # fine point (profile)
+    std_scope: Literal["group", "batch"]  # grpo: divide by the group's std or the batch's (TRL's scale_rewards)
+    nan_rewards: Literal["error", "zero_advantage"]  # a NaN reward: refuse the table, or A = 0 outside group stats
+    whiten_form: Literal["std", "unbiased_rsqrt", "population_rsqrt"]  # fine point (profile): batch whitening
+    whiten_eps: float  # fine point (profile): the whitening's eps (added to the std, or to the variance)
+    singleton_groups: Literal["zero", "uncentered"]  # fine point (profile): grpo/dr_grpo A of a group of one
     gamma: float  # gae discount
     lam: float  # gae lambda
     whiten: bool  # gae: whiten advantages over the batch's valid tokens
@@ -221,6 +227,11 @@ class AdvantageConfig:
     @property
     def uses_token_rewards(self) -> bool:
         return self.estimator in ("reinforce_plus_plus", "gae")
+
+    @property
+    def uses_reward_components(self) -> bool:
+        """Multi-reward estimators normalise each score.rewards component (reward_<name> column) on its own."""
+        return self.estimator in ("gdpo", "grpo_normalize_then_sum")
 
 
 @dataclass(frozen=True)
@@ -252,19 +263,28 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    policy_loss: Literal["ppo_clip", "gspo", "gspo_token"]  # gspo: the form train.gspo_form names
-    eps_low: float
+    policy_loss: Literal["ppo_clip", "gspo", "gspo_token", "cispo", "sapo", "gmpo"]  # gspo: train.gspo_form's form
+    eps_low: float  # gmpo: the clip in log space (the paper's 0.4); cispo: 1.0 = no lower bound (TRL's form)
     eps_high: float
+    ratio_cap: float | None  # ppo_clip: TRL's `delta`, cap of the unclipped ratio (INTELLECT-2 two-sided clip); null = off
+    sapo_tau_pos: float  # sapo: gate temperature where A > 0
+    sapo_tau_neg: float  # sapo: gate temperature where A <= 0
     dual_clip_c: float | None  # fine point (profile); null = off
     gspo_form: Literal["sequence", "token"]  # fine point (profile)
+    policy_log_ratio_clamp: float | None  # fine point (profile): |log r_t| bound before exp (token losses); null = off
+    gspo_log_ratio_clamp: float | None  # fine point (profile): upper bound of GSPO's log s_i before exp; null = off
     kl_beta: float  # 0 turns the KL-in-loss term off
     kl_estimator: Literal["k1", "k2", "k3"]
     kl_importance_weighted: bool  # DeepSeek-V3.2 unbiased KL: the loss's KL term weighted by pi_theta / pi_old
     kl_log_ratio_clamp: float | None  # fine point (profile)
     kl_value_clamp: float | None  # fine point (profile)
+    kl_clamp_scope: Literal["every_estimator", "k3"]  # fine point (profile): which estimators the KL clamps bind
     token_mean_scope: Literal["minibatch", "micro_batch"]  # fine point (profile)
     off_policy_mask_delta: float | None  # DeepSeek-V3.2 off-policy sequence masking; null = off
+    off_policy_mask_scope: Literal["whole_loss", "policy_term"]  # fine point (profile): what the mask drops
     tis_cap: float | None  # truncated importance sampling: weight min(pi_old / pi_sampler, C); null = off
+    top_entropy_quantile: float  # rho: train the policy term on the top-rho tokens by pi_old's entropy; 1.0 = all
+    keep_sampling_mask: bool  # DeepSeek-V3.2: with top_p < 1 / top_k > 0, the ratio on the sampler's support
     target_kl: float | None  # stop the epoch loop once a step's approx KL to pi_old exceeds it; null = never
     gradient_checkpointing: bool  # recompute the body's activations in backward (memory for compute)
     compile_layers: bool | Literal["auto"]  # torch.compile each decoder layer; auto = on CUDA (BENCHMARKS.md)
@@ -276,7 +296,20 @@ class TrainConfig:
         if self.policy_loss == "gspo" and self.gspo_form == "token":
             return "gspo_token"
         return self.policy_loss
-    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+    @property
+    def policy_loss_log_ratio_clamp(self) -> float | None:
+        """The log-ratio clamp the policy loss gets: GSPO's sequence one, or the token one."""
+        if self.policy_loss_function in ("gspo", "gspo_token"):
+            return self.gspo_log_ratio_clamp
+        return self.policy_log_ratio_clamp
+
+    @property
+    def policy_loss_options(self) -> dict[str, Any]:
+        """Every loss-specific option, by its `rlpipe.algorithms.losses.POLICY_LOSS_OPTIONS` name."""
+        return {"ratio_cap": self.ratio_cap, "tau_pos": self.sapo_tau_pos, "tau_neg": self.sapo_tau_neg}
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                              "token-sum"]
     epochs: int  # mu: passes over the iteration's rollouts
     minibatch_size: int  # sequences per optimizer step
     micro_batch_size: int  # sequences per forward/backward (gradient accumulation)
@@ -532,6 +565,15 @@ def _check_consistency(params: Params, path: Path) -> None:
     need(t.max_tokens_per_micro_batch >= 0, "train.max_tokens_per_micro_batch must be >= 0 (0 = no token cap)")
     need(t.eps_low >= 0 and t.eps_high >= 0, "train.eps_low and train.eps_high must be >= 0")
     need(t.dual_clip_c is None or t.dual_clip_c > 1, "train.dual_clip_c must be > 1 or null")
+    need(t.dual_clip_c is None or t.policy_loss not in ("cispo", "sapo", "gmpo"),
+         f"train.policy_loss {t.policy_loss} has no dual clip: write train.dual_clip_c: null "
+         f"(profile {params.profile} sets {t.dual_clip_c})")
+    need(t.ratio_cap is None or t.ratio_cap > 1, "train.ratio_cap must be > 1 or null")
+    need(t.sapo_tau_pos > 0 and t.sapo_tau_neg > 0, "train.sapo_tau_pos and train.sapo_tau_neg must be > 0")
+    for key in ("policy_log_ratio_clamp", "gspo_log_ratio_clamp"):
+        need(getattr(t, key) is None or getattr(t, key) > 0, f"train.{key} must be > 0 or null")
+    need(t.eps_low < 1 or (t.policy_loss == "cispo" and t.eps_low == 1),
+         "train.eps_low must be < 1 (cispo also takes 1.0: no lower bound)")
     need(0 <= params.score.max_error_fraction <= 1, "score.max_error_fraction must be in [0, 1]")
     need(len(params.score.rewards) >= 1, "score.rewards must name at least one reward function")
     unset = [f"score.rewards[{i}] ({r.name}).options.{k}" for i, r in enumerate(params.score.rewards)
@@ -556,10 +598,15 @@ def _check_consistency(params: Params, path: Path) -> None:
     need(params.iterate.keep_checkpoints >= 0, "iterate.keep_checkpoints must be >= 0 (0 = keep all)")
     a = params.advantage
     need(0 <= a.gamma <= 1 and 0 <= a.lam <= 1, "advantage.gamma and advantage.lam must be in [0, 1]")
+    need(a.nan_rewards == "error" or not a.uses_token_rewards,
+         f"advantage.nan_rewards: zero_advantage needs a sequence-level estimator, not {a.estimator} "
+         "(its KL-in-reward tokens and critic returns have no meaning for an unscored row)")
+    need(a.whiten_eps >= 0 and a.eps >= 0, "advantage.eps and advantage.whiten_eps must be >= 0")
     need(a.kl_in_reward.beta >= 0, "advantage.kl_in_reward.beta must be >= 0")
     need(a.kl_in_reward.target > 0 and a.kl_in_reward.horizon > 0,
          "advantage.kl_in_reward.target and .horizon must be > 0")
     need(t.tis_cap is None or t.tis_cap > 0, "train.tis_cap must be > 0 or null")
+    need(0 < t.top_entropy_quantile <= 1, "train.top_entropy_quantile must be in (0, 1] (1.0 = every token)")
     need(t.target_kl is None or t.target_kl > 0, "train.target_kl must be > 0 or null")
     need(t.critic.value_clip_eps > 0 and t.critic.lr > 0, "train.critic.value_clip_eps and train.critic.lr must be > 0")
     r = params.reward_model

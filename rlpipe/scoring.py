@@ -199,10 +199,14 @@ def _ordered_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: int) -
 
 def score_metrics(frame: pl.DataFrame, columns: dict[str, str], errors_by_kind: dict[str, int],
                   details: dict[str, dict[str, int]]) -> dict[str, Any]:
+    # a NaN reward (score.fallback_reward: .nan, for advantage.nan_rewards: zero_advantage) is unscorable:
+    # it is counted, and left out of the mean and std
+    scored = frame["reward"].fill_nan(None).drop_nulls()
     return {
         "num_samples": frame.height,
-        "reward_mean": float(frame["reward"].mean()),
-        "reward_std": float(frame["reward"].std()) if frame.height > 1 else 0.0,
+        "reward_mean": float(scored.mean()) if scored.len() else 0.0,
+        "reward_std": float(scored.std()) if scored.len() > 1 else 0.0,
+        "unscorable": frame.height - scored.len(),
         "accuracy": float(frame["correct"].mean()) if frame["correct"].null_count() < frame.height else None,
         "components": {name: float(frame[col].mean()) if frame[col].null_count() < frame.height else None
                        for name, col in columns.items()},

@@ -12,6 +12,7 @@ import rlpipe.stage as stage  # first: starts the stage clock
 import typer
 
 from rlpipe.advantage import check_finite_rewards, compute_advantages, require_critic_values
+from rlpipe.rewards.registry import component_column
 from rlpipe.config import load_params
 from rlpipe.errors import ArtifactError
 from rlpipe.io import join_on_keys, read_artifact, write_artifact, write_json
@@ -32,13 +33,16 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
          metrics: str = typer.Option(..., help="metrics JSON to write")) -> None:
     timer = stage.PhaseTimer()
     with timer.phase("setup"):
-        cfg = load_params(params).advantage
+        p = load_params(params)
+        cfg = p.advantage
+        weights = ({component_column(e.name): e.weight for e in p.score.rewards}
+                   if cfg.uses_reward_components else None)
     with timer.phase("read"):
         roll = read_artifact(rollouts, ROLLOUTS)
-        rows = join_on_keys(roll, read_artifact(scores, SCORES), columns=["reward"])
-        check_finite_rewards(rows, scores)
+        rows = join_on_keys(roll, read_artifact(scores, SCORES), columns=["reward", *(weights or {})])
+        check_finite_rewards(rows, scores, allow_nan=cfg.nan_rewards == "zero_advantage")
         wanted = ["prompt_id", "sample_idx", "reward", "completion_length", "truncated", "policy_mask",
-                  "finish_reason"]
+                  "finish_reason", *(weights or {})]
         if cfg.uses_token_rewards:
             rows = join_on_keys(roll.with_frame(rows),
                                 read_artifact(_need(ref_logprobs, "--ref-logprobs", cfg.estimator), REF_LOGPROBS),
@@ -49,7 +53,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
             rows = join_on_keys(roll.with_frame(rows), table, columns=["values"])
             wanted += ["values"]
     with timer.phase("compute"):
-        adv, m, kl_state = compute_advantages(rows.select(wanted), cfg)
+        adv, m, kl_state = compute_advantages(rows.select(wanted), cfg, weights)
     with timer.phase("write"):
         write_artifact(adv, out, ADVANTAGES, metadata={"policy_version": roll.metadata.get("policy_version")})
         write_json(kl_controller, {**kl_state, "policy_version": roll.metadata.get("policy_version")})

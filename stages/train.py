@@ -33,7 +33,7 @@ from rlpipe.errors import ArtifactError, ConfigError
 from rlpipe.lora.adapter import is_adapter_dir
 from rlpipe.training.data import check_policy_version, training_data, training_frame
 from rlpipe.progress import stage_progress
-from rlpipe.training.loop import count_optimizer_steps, train_policy
+from rlpipe.training.loop import count_optimizer_steps, sampling_truncation, train_policy
 from rlpipe.training.resume import ResumeStates, resume_key
 from rlpipe.training.report import (check_sampler, importance_weights, reward_stats, sampler_check_applies,
                                    sampler_mismatch, token_stats_frame, write_steps_csv)
@@ -116,14 +116,15 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         state = states.load()
         total = count_optimizer_steps(int(data.trainable.sum()), cfg)
         skip_check = sampler_check_applies(staleness=staleness, sampling=roll.metadata.get("sampling"),
-                                           tolerance=cfg.max_sampler_mismatch)
+                                           tolerance=cfg.max_sampler_mismatch, keep_sampling_mask=cfg.keep_sampling_mask)
         check_old = None if skip_check else (lambda old: check_sampler(frame, old, tolerance=cfg.max_sampler_mismatch,
                                                                       policy=policy))
         with stage_progress("train", total=total, unit="steps") as advance:
             result = train_policy(model, data, cfg, temperature=p.generate.temperature,
                                   pad_token_id=tokenizer.pad_token_id, seed=p.seed, iteration=p.iteration,
                                   max_length=p.generate.max_completion_tokens, critic=critic_model, progress=advance,
-                                  resume=state, save_state=states.save, dist=sharded, check_old=check_old)
+                                  resume=state, save_state=states.save, dist=sharded, check_old=check_old,
+                                  truncation=sampling_truncation(p.generate, p.train))
         states.wait()
     timer.move(compile_seconds(), to="compile")
     with timer.phase("write"):

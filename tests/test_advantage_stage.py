@@ -15,8 +15,9 @@ from rlpipe.schema import ADVANTAGES
 def cfg(**over):
     kl = KLInRewardConfig(**{"beta": 0.5, "estimator": "k1", "adaptive": False, "target": 1.0, "horizon": 8.0,
                              **over.pop("kl", {})})
-    base = dict(estimator="grpo", std_mode="sample", eps=1e-6, gamma=1.0, lam=1.0, whiten=False, kl_in_reward=kl,
-                drop_zero_variance_groups=False, drop_truncated=False)
+    base = dict(estimator="grpo", std_mode="sample", eps=1e-6, std_scope="group", nan_rewards="error",
+                singleton_groups="zero", whiten_form="std", whiten_eps=1e-6, gamma=1.0, lam=1.0, whiten=False,
+                kl_in_reward=kl, drop_zero_variance_groups=False, drop_truncated=False)
     return AdvantageConfig(**{**base, **over})
 
 
@@ -138,3 +139,39 @@ def test_token_level_whitening_leaves_filtered_rows_out():
     np.testing.assert_allclose(frame["token_advantages"][0].to_list(), [1.0, -1.0], atol=1e-4)  # std 0.075 + eps
     assert frame["token_advantages"][1].to_list() == [0.0]
     assert frame["filtered_reason"].to_list() == [None, "truncated"]
+
+
+def test_nan_rewards_the_trl_way():
+    """advantage.nan_rewards: zero_advantage: a NaN row is out of its group's statistics, A = 0, still trained."""
+    table = rows().with_columns(pl.Series("reward", [1.0, float("nan"), 0.4, 0.2, 0.5, 0.5, 1.0]))
+    check_finite_rewards(table, "scores.parquet", allow_nan=True)
+    with pytest.raises(ArtifactError, match="non-finite"):
+        check_finite_rewards(table, "scores.parquet")
+    frame, metrics, _ = compute_advantages(table, cfg(nan_rewards="zero_advantage"))
+    # group 7 over [1.0, 0.4, 0.2]: mean 0.5333, sample std sqrt((0.2178 + 0.0178 + 0.1111) / 2)
+    r = [1.0, 0.4, 0.2]
+    mean = sum(r) / 3
+    std = math.sqrt(sum((x - mean) ** 2 for x in r) / 2)
+    adv = frame["advantage"].to_list()
+    assert adv[:4] == pytest.approx([(1.0 - mean) / (std + 1e-6), 0.0, (0.4 - mean) / (std + 1e-6),
+                                     (0.2 - mean) / (std + 1e-6)], abs=1e-6)
+    assert frame["token_advantages"][1].to_list() == [0.0, 0.0, 0.0]
+    assert frame["filtered_reason"].null_count() == 7  # the NaN row still enters the loss (its normalisers)
+    assert metrics["unscorable"] == 1 and metrics["num_trained"] == 7
+    assert frame["group_reward_mean"][0] == pytest.approx(mean)
+
+
+def test_multi_reward_estimators_read_the_components():
+    table = rows().with_columns(pl.Series("reward_a", [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]),
+                                pl.Series("reward_b", [0.1, 0.1, 0.0, 0.0, 0.0, 1.0, 0.0]))
+    frame, metrics, _ = compute_advantages(table, cfg(estimator="grpo_normalize_then_sum"),
+                                           {"reward_a": 1.0, "reward_b": 2.0})
+    assert metrics["reward_components"] == 2
+    adv = np.array(frame["advantage"].to_list())
+    assert abs(adv.mean()) < 1e-6 and adv.std(ddof=1) == pytest.approx(1.0, rel=1e-3)  # batch z-score (eps 1e-6)
+    frame, _, _ = compute_advantages(table, cfg(estimator="gdpo", whiten_form="unbiased_rsqrt", whiten_eps=1e-8),
+                                     {"reward_a": 1.0, "reward_b": 2.0})
+    tokens = np.concatenate([np.array(t) for t in frame["token_advantages"].to_list()])
+    assert abs(tokens.mean()) < 1e-6 and tokens.std(ddof=1) == pytest.approx(1.0, rel=1e-5)
+    with pytest.raises(ArtifactError, match="reward_<name>"):
+        compute_advantages(table, cfg(estimator="gdpo"))

@@ -213,9 +213,10 @@ def test_yaml_exponent_without_a_dot_is_read_as_a_number(tmp_path, text, value):
 @pytest.mark.parametrize(
     ("section", "key", "value", "choices"),
     [
-        ("train", "policy_loss", "ppo", "['ppo_clip', 'gspo', 'gspo_token']"),
+        ("train", "policy_loss", "ppo", "['ppo_clip', 'gspo', 'gspo_token', 'cispo', 'sapo', 'gmpo']"),
         ("train", "kl_estimator", "k4", "['k1', 'k2', 'k3']"),
-        ("advantage", "estimator", "GRPO", "['grpo', 'dr_grpo', 'rloo', 'reinforce_plus_plus', 'gae']"),
+        ("advantage", "estimator", "GRPO", "['grpo', 'dr_grpo', 'rloo', 'reinforce_plus_plus', 'gae', 'grpo_passk', "
+         "'reinforce_plus_plus_baseline', 'gdpo', 'grpo_normalize_then_sum']"),
         ("advantage", "std_mode", 1, "['sample', 'population']"),  # no int codes
         ("generate", "dtype", "fp16", "['float32', 'bfloat16', 'float16']"),
         ("prepare", "source", "hub", "['tiny', 'files']"),
@@ -328,10 +329,13 @@ def test_profile_fills_the_fine_points_params_yaml_leaves_out(tmp_path, data):
     data["profile"] = "verl"
     p = load_params(dump(tmp_path, data))
     assert (p.advantage.eps, p.train.dual_clip_c, p.train.gspo_form, p.train.token_mean_scope) == (
-        1e-6, 3.0, "token", "micro_batch")
+        1e-6, 3.0, "token", "minibatch")
+    assert (p.advantage.whiten_form, p.train.gspo_log_ratio_clamp, p.train.kl_clamp_scope) == (
+        "unbiased_rsqrt", 10.0, "k3")
     data["profile"] = "trl"
     p = load_params(dump(tmp_path, data))
     assert (p.advantage.eps, p.train.kl_log_ratio_clamp, p.train.kl_value_clamp) == (1e-4, None, None)
+    assert (p.train.policy_log_ratio_clamp, p.train.off_policy_mask_scope) == (None, "policy_term")
 
 
 def test_a_fine_point_written_in_params_yaml_beats_the_profile(tmp_path, data):
@@ -458,3 +462,21 @@ def test_max_sampler_mismatch_must_be_positive_or_null(tmp_path, data):
     assert "train.max_sampler_mismatch must be > 0 or null" in config_error(dump(tmp_path, data))
     data["train"]["max_sampler_mismatch"] = None
     assert load_params(dump(tmp_path, data)).train.max_sampler_mismatch is None
+
+
+@pytest.mark.parametrize("loss", ["cispo", "sapo", "gmpo"])
+def test_losses_without_dual_clip_refuse_the_verl_profile_dual_clip(tmp_path, data, loss):
+    data["profile"] = "verl"
+    data["train"]["policy_loss"] = loss
+    with pytest.raises(ConfigError, match=f"train.policy_loss {loss} has no dual clip: write train.dual_clip_c: null"):
+        load_params(dump(tmp_path, data))
+    data["train"]["dual_clip_c"] = None
+    assert load_params(dump(tmp_path, data)).train.policy_loss_function == loss
+
+
+def test_the_policy_loss_gets_its_log_ratio_clamp(tmp_path, data):
+    data["profile"] = "verl"
+    data["train"]["policy_loss"] = "gspo"
+    assert load_params(dump(tmp_path, data)).train.policy_loss_log_ratio_clamp == 10.0
+    data["train"]["policy_loss"] = "ppo_clip"
+    assert load_params(dump(tmp_path, data)).train.policy_loss_log_ratio_clamp == 20.0

@@ -118,3 +118,13 @@ def test_workers_score_rows_at_the_same_time():
     frame, m = score_rows(rows(["1", "2", "3", "4"], ["1", "2", "3", "4"]),
                           cfg([EXACT, RewardEntry("tests.test_scoring:meet_another_row", 1.0, {})], workers=2))
     assert m["errors"] == 0 and frame["reward_meet_another_row"].to_list() == [1.0] * 4
+
+
+def test_a_nan_fallback_reward_is_counted_and_left_out_of_the_metrics():
+    from rlpipe.scoring import score_metrics
+
+    frame = pl.DataFrame({"reward": [1.0, float("nan"), 0.0], "correct": [True, None, False],
+                          "reward_exact_answer": [1.0, None, 0.0]})
+    m = score_metrics(frame, {"exact_answer": "reward_exact_answer"}, {"ValueError": 1}, {})
+    assert (m["reward_mean"], m["unscorable"]) == (0.5, 1)
+    assert m["reward_std"] == pytest.approx(0.7071, abs=1e-4)

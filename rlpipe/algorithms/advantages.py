@@ -20,6 +20,15 @@ import numpy as np
 
 GRPO_STD_MODES = ("sample", "population")
 _DDOF = {"sample": 1, "population": 0}
+SINGLETON_GROUPS = (
+    "zero",  # a group of one has no baseline: A = 0 (rlpipe, TRL and OpenRLHF, which need G > 1)
+    "uncentered",  # verl: mean 0 and std 1 for a group of one, so GRPO gives R / (1 + eps), Dr.GRPO R
+)
+
+
+def _check_singleton(singleton_groups: str) -> None:
+    if singleton_groups not in SINGLETON_GROUPS:
+        raise ValueError(f"singleton_groups must be one of {SINGLETON_GROUPS}, got {singleton_groups!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -106,48 +115,74 @@ def _group_metrics(size_g, singleton_g, zero_var_g) -> dict:
     }
 
 
-def grpo_advantages(rewards_B, group_index_B, *, std_mode: str, eps: float) -> tuple[np.ndarray, dict]:
+GRPO_STD_SCOPES = (
+    "group",  # std over the group's rewards (GRPO)
+    "batch",  # std over every reward of the batch, mean still the group's (TRL's scale_rewards: batch, "Lite PPO")
+)
+
+
+def grpo_advantages(rewards_B, group_index_B, *, std_mode: str, eps: float, singleton_groups: str,
+                    std_scope: str) -> tuple[np.ndarray, dict]:
     """GRPO group z-score: `A_i = (R_i - mean_g R) / (std_g R + eps)`.
 
     Why: the group of completions of one prompt is its own baseline (no critic). ALGORITHMS.md
     (choice): `std_mode="sample"` (Bessel, divide by G-1) with eps 1e-6 is the default of the
     common open frameworks; `"population"` (divide by G) is the alternative. Groups whose rewards
     are all equal get exactly 0, and singleton groups (no baseline) get 0; both are counted in
-    the metrics rather than papered over.
+    the metrics rather than papered over. `singleton_groups="uncentered"` gives a group of one
+    verl's `R / (1 + eps)` instead (verl sets its mean to 0 and its std to 1).
+    `std_scope="batch"` divides by the std of all rewards of the batch (same `std_mode`) instead
+    of the group's: TRL's `scale_rewards: batch`, which keeps a near-constant group's small
+    differences small instead of blowing them up. Example: rewards [1, 0 | 1, 1], sample std:
+    group scope [0.7071, -0.7071 | 0, 0] / ... -> ±0.707; batch std 0.5 -> [1, -1 | 0, 0].
 
     Shapes: rewards_B [B] float, group_index_B [B] integer ids (any order, need not be
     contiguous) -> (advantages_B [B] float64, metrics dict of python numbers).
-    Reference: Shao et al. 2024, DeepSeekMath (arXiv:2402.03300), section 4.1.
+    Reference: Shao et al. 2024, DeepSeekMath (arXiv:2402.03300), section 4.1; Liu et al. 2025,
+    Tricks or Traps? (arXiv:2508.08221) for the batch std.
     """
     if std_mode not in _DDOF:
         raise ValueError(f"std_mode must be one of {GRPO_STD_MODES}, got {std_mode!r}")
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
+    _check_singleton(singleton_groups)
+    if std_scope not in GRPO_STD_SCOPES:
+        raise ValueError(f"std_scope must be one of {GRPO_STD_SCOPES}, got {std_scope!r}")
     r_B = _rewards(rewards_B)
     inv_B, size_g, mean_g, singleton_g, zero_var_g = _group_stats(r_B, group_index_B)
     dev_B = r_B - mean_g[inv_B]
-    sq_g = np.bincount(inv_B, weights=dev_B**2, minlength=size_g.shape[0])
     ddof = _DDOF[std_mode]
-    std_g = np.sqrt(sq_g / np.maximum(size_g - ddof, 1))
+    if std_scope == "group":
+        sq_g = np.bincount(inv_B, weights=dev_B**2, minlength=size_g.shape[0])
+        std_B = np.sqrt(sq_g / np.maximum(size_g - ddof, 1))[inv_B]
+    else:
+        std_B = np.full(r_B.shape, float(np.std(r_B, ddof=ddof)) if r_B.size > ddof else 0.0)
     no_signal_B = (singleton_g | zero_var_g)[inv_B]
     # denominator 1 where the answer is 0 anyway, so eps = 0 never divides 0 by 0
-    adv_B = dev_B / np.where(no_signal_B, 1.0, std_g[inv_B] + eps)
+    adv_B = dev_B / np.where(no_signal_B, 1.0, std_B + eps)
     adv_B[no_signal_B] = 0.0
+    if singleton_groups == "uncentered":
+        alone_B = singleton_g[inv_B]
+        adv_B[alone_B] = r_B[alone_B] / (1.0 + eps)
     return adv_B, _group_metrics(size_g, singleton_g, zero_var_g)
 
 
-def dr_grpo_advantages(rewards_B, group_index_B) -> tuple[np.ndarray, dict]:
+def dr_grpo_advantages(rewards_B, group_index_B, *, singleton_groups: str) -> tuple[np.ndarray, dict]:
     """Dr.GRPO: `A_i = R_i - mean_g R` (GRPO without the std division).
 
     Why: dividing by the group std up-weights prompts that are nearly always solved or nearly
     always failed (a difficulty bias); Dr.GRPO drops it. Singleton and zero-variance groups give
-    exactly 0. Shapes: rewards_B [B], group_index_B [B] ints -> (advantages_B [B] float64, metrics).
+    exactly 0 (with `singleton_groups="uncentered"`, verl's: a group of one keeps its R).
+    Shapes: rewards_B [B], group_index_B [B] ints -> (advantages_B [B] float64, metrics).
     Reference: Liu et al. 2025, Understanding R1-Zero-Like Training (arXiv:2503.20783).
     """
+    _check_singleton(singleton_groups)
     r_B = _rewards(rewards_B)
     inv_B, size_g, mean_g, singleton_g, zero_var_g = _group_stats(r_B, group_index_B)
     adv_B = r_B - mean_g[inv_B]
     adv_B[(singleton_g | zero_var_g)[inv_B]] = 0.0
+    if singleton_groups == "uncentered":
+        adv_B[singleton_g[inv_B]] = r_B[singleton_g[inv_B]]
     return adv_B, _group_metrics(size_g, singleton_g, zero_var_g)
 
 
@@ -220,24 +255,47 @@ def kl_penalized_token_rewards(scores_B, old_logprobs_BT, ref_logprobs_BT, mask_
     return rewards_BT
 
 
-def whiten(x_BT, mask_BT, *, eps: float) -> np.ndarray:
-    """`(x - mean) / (std + eps)` with mean and std over the valid tokens of the whole batch.
+WHITEN_FORMS = (
+    "std",  # (x - mean) / (population std + eps): the GRPO z-score's form (rlpipe)
+    "unbiased_rsqrt",  # (x - mean) * rsqrt(Bessel-corrected var + eps): verl's masked_whiten, TRL's PPO
+    "population_rsqrt",  # (x - mean) * rsqrt(max(population var, eps)): OpenRLHF's advantage normalisation
+)
 
-    Why population std (divide by N): N is the number of valid tokens of the batch, so Bessel's
-    correction changes the result by about 1/N; `std + eps` (not `sqrt(var + eps)`) matches the
-    GRPO z-score above. No valid token (or all equal with eps = 0) -> all 0.
+
+def whiten(x_BT, mask_BT, *, form: str, eps: float) -> np.ndarray:
+    """Centre and scale `x` with the mean and spread of the valid tokens of the whole batch.
+
+    Why three forms: the frameworks agree on the mean and disagree on the spread, by about 1/(2N)
+    for N valid tokens (ALGORITHMS.md, "Compatibility profiles"), so the form is a profile setting:
+      "std":              (x - mean) / (sqrt(var_N) + eps), var_N = sum (x - mean)^2 / N (rlpipe);
+      "unbiased_rsqrt":   (x - mean) * (var_{N-1} + eps)^(-1/2), var_{N-1} = sum (x - mean)^2 / (N - 1)
+                          (verl 0.9 `masked_whiten`, eps 1e-8 there);
+      "population_rsqrt": (x - mean) * max(var_N, eps)^(-1/2) (OpenRLHF, eps 1e-8 there).
+    Worked example: x = [1, 1, 0, 0] -> mean 0.5, var_N 0.25, var_{N-1} 1/3: "std" (eps 1e-6) gives
+    ±0.999998, "unbiased_rsqrt" (eps 1e-8) ±0.866025. No valid token, or one valid token with
+    "unbiased_rsqrt" (var_{N-1} undefined; verl raises), or a zero scale -> all 0.
     Shapes: x_BT, mask_BT [B, T] -> [B, T] float64, 0 at padding.
     """
+    if form not in WHITEN_FORMS:
+        raise ValueError(f"unknown whitening form {form!r}; valid: {list(WHITEN_FORMS)}")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
     m = as_bool_mask(mask_BT)
     x = _tokens(x_BT, "x_BT", m)
     n = int(m.sum())
-    if n == 0:
+    if n == 0 or (form == "unbiased_rsqrt" and n == 1):
         return np.zeros(m.shape, dtype=np.float64)
     mean = x[m].mean()
-    std = np.sqrt(((x[m] - mean) ** 2).mean())
-    if std + eps == 0.0:  # all valid values equal and eps = 0: nothing to scale
+    squares = float(((x[m] - mean) ** 2).sum())
+    if form == "std":
+        scale = np.sqrt(squares / n) + eps
+    elif form == "unbiased_rsqrt":
+        scale = np.sqrt(squares / (n - 1) + eps)
+    else:
+        scale = np.sqrt(max(squares / n, eps))
+    if scale == 0.0:  # all valid values equal and eps = 0: nothing to scale
         return np.zeros(m.shape, dtype=np.float64)
-    return np.where(m, (x - mean) / (std + eps), 0.0)
+    return np.where(m, (x - mean) / scale, 0.0)
 
 
 def reward_to_go(token_rewards_BT, mask_BT) -> np.ndarray:
@@ -247,15 +305,15 @@ def reward_to_go(token_rewards_BT, mask_BT) -> np.ndarray:
     return np.where(m, np.cumsum(r[:, ::-1], axis=1)[:, ::-1], 0.0)
 
 
-def reinforce_plus_plus_advantages(token_rewards_BT, mask_BT, *, eps: float) -> np.ndarray:
-    """REINFORCE++: undiscounted reward-to-go, then z-scored over all valid tokens of the batch.
+def reinforce_plus_plus_advantages(token_rewards_BT, mask_BT, *, whiten_form: str, eps: float) -> np.ndarray:
+    """REINFORCE++: undiscounted reward-to-go, then whitened over all valid tokens of the batch.
 
     Why: the token reward already carries the KL penalty (see `kl_penalized_token_rewards`), so
     the return needs no critic; normalising over the whole batch (not per group) is what
-    distinguishes it from GRPO. Shapes: token_rewards_BT, mask_BT [B, T] -> advantages_BT [B, T]
-    float64, 0 at padding. Reference: Hu 2025, REINFORCE++ (arXiv:2501.03262).
+    distinguishes it from GRPO. `whiten_form` and `eps` are `whiten`'s. Shapes: token_rewards_BT, mask_BT
+    [B, T] -> advantages_BT [B, T] float64, 0 at padding. Reference: Hu 2025, REINFORCE++ (arXiv:2501.03262).
     """
-    return whiten(reward_to_go(token_rewards_BT, mask_BT), mask_BT, eps=eps)
+    return whiten(reward_to_go(token_rewards_BT, mask_BT), mask_BT, form=whiten_form, eps=eps)
 
 
 def gae_advantages(token_rewards_BT, values_BT, mask_BT, *, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
@@ -324,11 +382,15 @@ class AdvantageResult:
 
 # which options each registry entry requires (for config validation and docs)
 ADVANTAGE_ESTIMATOR_OPTIONS: dict[str, tuple[str, ...]] = {
-    "grpo": ("std_mode", "eps"),
-    "dr_grpo": (),
+    "grpo": ("std_mode", "eps", "singleton_groups", "std_scope"),
+    "dr_grpo": ("singleton_groups",),
     "rloo": (),
-    "reinforce_plus_plus": ("eps",),
-    "gae": ("gamma", "lam", "eps", "whiten"),
+    "reinforce_plus_plus": ("whiten_form", "whiten_eps"),
+    "gae": ("gamma", "lam", "whiten", "whiten_form", "whiten_eps"),
+    "grpo_passk": ("std_mode", "eps"),
+    "reinforce_plus_plus_baseline": ("singleton_groups", "whiten_form", "whiten_eps"),
+    "gdpo": ("std_mode", "eps", "singleton_groups", "whiten_form", "whiten_eps", "reward_weights"),
+    "grpo_normalize_then_sum": ("std_mode", "eps", "reward_weights"),
 }
 
 
@@ -358,31 +420,36 @@ def _broadcast(name, fn, rewards_B, group_index_B, mask_BT, kwargs) -> Advantage
     return AdvantageResult(np.where(m, adv_B[:, None], 0.0), adv_B, None, metrics)
 
 
-def _grpo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT, options) -> AdvantageResult:
+def _grpo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
+                 component_rewards_BK, options) -> AdvantageResult:
     o = _options("grpo", options)
-    kwargs = {"std_mode": o["std_mode"], "eps": o["eps"]}
-    return _broadcast("grpo", grpo_advantages, rewards_B, group_index_B, mask_BT, kwargs)
+    return _broadcast("grpo", grpo_advantages, rewards_B, group_index_B, mask_BT, dict(o))
 
 
-def _dr_grpo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT, options) -> AdvantageResult:
-    _options("dr_grpo", options)
-    return _broadcast("dr_grpo", dr_grpo_advantages, rewards_B, group_index_B, mask_BT, {})
+def _dr_grpo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
+                 component_rewards_BK, options) -> AdvantageResult:
+    o = _options("dr_grpo", options)
+    return _broadcast("dr_grpo", dr_grpo_advantages, rewards_B, group_index_B, mask_BT, dict(o))
 
 
-def _rloo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT, options) -> AdvantageResult:
+def _rloo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
+                 component_rewards_BK, options) -> AdvantageResult:
     _options("rloo", options)
     return _broadcast("rloo", rloo_advantages, rewards_B, group_index_B, mask_BT, {})
 
 
-def _reinforce_pp_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT, options) -> AdvantageResult:
+def _reinforce_pp_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
+                 component_rewards_BK, options) -> AdvantageResult:
     o = _options("reinforce_plus_plus", options)
     _need("reinforce_plus_plus", token_rewards_BT=token_rewards_BT, mask_BT=mask_BT)
-    adv_BT = reinforce_plus_plus_advantages(token_rewards_BT, mask_BT, eps=o["eps"])
+    adv_BT = reinforce_plus_plus_advantages(token_rewards_BT, mask_BT, whiten_form=o["whiten_form"],
+                                            eps=o["whiten_eps"])
     metrics = {"num_valid_tokens": int(as_bool_mask(mask_BT).sum())}
     return AdvantageResult(adv_BT, None, None, metrics)
 
 
-def _gae_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT, options) -> AdvantageResult:
+def _gae_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
+                 component_rewards_BK, options) -> AdvantageResult:
     """GAE, then (``whiten``) advantages z-scored over the batch's valid tokens; returns from the raw A."""
     o = _options("gae", options)
     _need("gae", token_rewards_BT=token_rewards_BT, values_BT=values_BT, mask_BT=mask_BT)
@@ -394,8 +461,76 @@ def _gae_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT
         "raw_advantage_mean": float(raw_BT[m].mean()) if n else 0.0,
         "return_mean": float(returns_BT[m].mean()) if n else 0.0,
     }
-    adv_BT = whiten(raw_BT, m, eps=o["eps"]) if o["whiten"] else raw_BT
+    adv_BT = whiten(raw_BT, m, form=o["whiten_form"], eps=o["whiten_eps"]) if o["whiten"] else raw_BT
     return AdvantageResult(adv_BT, None, returns_BT, metrics)
+
+
+def _grpo_passk_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
+                      component_rewards_BK, options) -> AdvantageResult:
+    from rlpipe.algorithms.group_advantages import grpo_passk_advantages
+
+    o = _options("grpo_passk", options)
+    return _broadcast("grpo_passk", grpo_passk_advantages, rewards_B, group_index_B, mask_BT, dict(o))
+
+
+def _sequence_result(adv_BT: np.ndarray, m: np.ndarray, metrics: dict) -> AdvantageResult:
+    """A token result whose tokens share their sequence's value (a whitened sequence advantage): A_i is
+    that value (0 for a row without valid tokens), so the off-policy mask can read its sign."""
+    first_B = np.argmax(m, axis=1)
+    seq_B = np.where(m.any(axis=1), adv_BT[np.arange(m.shape[0]), first_B], 0.0)
+    return AdvantageResult(adv_BT, seq_B, None, metrics)
+
+
+def _reinforce_pp_baseline_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
+                                 component_rewards_BK, options) -> AdvantageResult:
+    from rlpipe.algorithms.group_advantages import reinforce_plus_plus_baseline_advantages
+
+    o = _options("reinforce_plus_plus_baseline", options)
+    _need("reinforce_plus_plus_baseline", rewards_B=rewards_B, group_index_B=group_index_B, mask_BT=mask_BT)
+    adv_BT, metrics = reinforce_plus_plus_baseline_advantages(
+        rewards_B, group_index_B, mask_BT, singleton_groups=o["singleton_groups"], whiten_form=o["whiten_form"],
+        eps=o["whiten_eps"])
+    return _sequence_result(adv_BT, as_bool_mask(mask_BT), metrics)
+
+
+def _components(name, component_rewards_BK, rewards_B, weights) -> tuple[np.ndarray, np.ndarray]:
+    _need(name, component_rewards_BK=component_rewards_BK, rewards_B=rewards_B)
+    c_BK = np.asarray(component_rewards_BK, dtype=np.float64)
+    if c_BK.ndim != 2 or c_BK.shape[0] != np.asarray(rewards_B).shape[0]:
+        raise ValueError(f"component_rewards_BK must be [B, K] with B = {np.asarray(rewards_B).shape[0]}, "
+                         f"got {c_BK.shape}")
+    return c_BK, np.asarray(weights, dtype=np.float64)
+
+
+def _gdpo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
+                component_rewards_BK, options) -> AdvantageResult:
+    from rlpipe.algorithms.group_advantages import gdpo_advantages
+
+    o = _options("gdpo", options)
+    _need("gdpo", group_index_B=group_index_B, mask_BT=mask_BT)
+    c_BK, w_K = _components("gdpo", component_rewards_BK, rewards_B, o["reward_weights"])
+    m = as_bool_mask(mask_BT)
+    adv_BT = gdpo_advantages(c_BK, group_index_B, m, weights_K=w_K, std_mode=o["std_mode"], eps=o["eps"],
+                             singleton_groups=o["singleton_groups"], whiten_form=o["whiten_form"],
+                             whiten_eps=o["whiten_eps"])
+    _, size_g, _, singleton_g, zero_var_g = _group_stats(_rewards(rewards_B), group_index_B)
+    return _sequence_result(adv_BT, m, {**_group_metrics(size_g, singleton_g, zero_var_g),
+                                        "reward_components": int(c_BK.shape[1])})
+
+
+def _grpo_nts_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
+                    component_rewards_BK, options) -> AdvantageResult:
+    from rlpipe.algorithms.group_advantages import normalize_then_sum, sequence_zscore
+
+    o = _options("grpo_normalize_then_sum", options)
+    _need("grpo_normalize_then_sum", group_index_B=group_index_B, mask_BT=mask_BT)
+    c_BK, w_K = _components("grpo_normalize_then_sum", component_rewards_BK, rewards_B, o["reward_weights"])
+    summed_B = normalize_then_sum(c_BK, group_index_B, weights_K=w_K, std_mode=o["std_mode"], eps=o["eps"])
+    adv_B = np.nan_to_num(sequence_zscore(summed_B, std_mode=o["std_mode"], eps=o["eps"]), nan=0.0)
+    m = as_bool_mask(mask_BT)
+    _, size_g, _, singleton_g, zero_var_g = _group_stats(_rewards(rewards_B), group_index_B)
+    metrics = {**_group_metrics(size_g, singleton_g, zero_var_g), "reward_components": int(c_BK.shape[1])}
+    return AdvantageResult(np.where(m, adv_B[:, None], 0.0), adv_B, None, metrics)
 
 
 AdvantageEstimator = Callable[..., AdvantageResult]
@@ -406,6 +541,10 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "rloo": _rloo_entry,
     "reinforce_plus_plus": _reinforce_pp_entry,
     "gae": _gae_entry,
+    "grpo_passk": _grpo_passk_entry,
+    "reinforce_plus_plus_baseline": _reinforce_pp_baseline_entry,
+    "gdpo": _gdpo_entry,
+    "grpo_normalize_then_sum": _grpo_nts_entry,
 }
 
 

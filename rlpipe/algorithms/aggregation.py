@@ -23,6 +23,7 @@ LOSS_AGGREGATIONS: tuple[str, ...] = (
     "seq-mean-token-mean",  # mean over each sequence's tokens, then / total_sequences (GRPO)
     "seq-mean-token-sum",  # sum over each sequence's tokens, then / total_sequences
     "seq-mean-token-sum-norm",  # sum over each sequence's tokens / max_length, then / total_sequences (Dr.GRPO)
+    "token-sum",  # sum over valid tokens, no normaliser (verl's token-sum: longer batches, larger steps)
 )
 
 TOKEN_MEAN_SCOPES: tuple[str, ...] = (
@@ -35,6 +36,7 @@ _NEEDS = {
     "seq-mean-token-mean": ("total_sequences",),
     "seq-mean-token-sum": ("total_sequences",),
     "seq-mean-token-sum-norm": ("total_sequences", "max_length"),
+    "token-sum": (),
 }
 
 
@@ -99,6 +101,8 @@ def aggregate_loss(
       seq-mean-token-mean:      sum_i (sum_t m L / n_i) / total_sequences
       seq-mean-token-sum:       sum_{i,t} m L / total_sequences
       seq-mean-token-sum-norm:  sum_{i,t} m L / (max_length * total_sequences)
+      token-sum:                sum_{i,t} m L (no normaliser: a sum is split-invariant as it is; with
+                                scope micro_batch the caller's 1/k scale still applies)
     n_i is each sequence's own count (from mask_BT), so sequences are never split across calls.
     A normaliser a mode does not use may be None; one it uses is required. A count of 0 (an empty
     step) gives 0, not NaN; padded positions are excluded with torch.where, so NaN there is harmless.
@@ -124,6 +128,8 @@ def aggregate_loss(
         return per_seq_B.sum() / max(total_sequences, 1)
     if mode == "seq-mean-token-sum":
         return masked.sum() / max(total_sequences, 1)
+    if mode == "token-sum":
+        return masked.sum()
     if max_length == 0:
         raise ValueError("aggregation mode 'seq-mean-token-sum-norm' needs max_length > 0")
     return masked.sum() / (max_length * max(total_sequences, 1))

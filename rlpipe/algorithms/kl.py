@@ -74,6 +74,27 @@ class KLEstimator(Protocol):
 KL_ESTIMATORS: dict[str, KLEstimator] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
+KL_CLAMP_SCOPES: tuple[str, ...] = (
+    "every_estimator",  # both clamps on k1, k2 and k3 (rlpipe; OpenRLHF's value clamp)
+    "k3",  # the clamps on k3 only, k1 and k2 unclamped (verl's kl_penalty_forward)
+)
+
+
+def kl_clamps(estimator: str, *, scope: str, log_ratio_clamp: float | None,
+              value_clamp: float | None) -> dict[str, float | None]:
+    """The (log_ratio_clamp, value_clamp) keywords `estimator` gets under `scope`.
+
+    Why: verl clamps only `low_var_kl` (k3) and leaves k1 (`kl`) and k2 (`mse`) raw, so with k1 or
+    k2 its KL differs from a clamped one beyond |log rho| 20 or |KL| 10. Worked example: k1 at
+    log rho = -30 is 30 under scope "k3" and 10 (the value clamp) under "every_estimator".
+    """
+    if scope not in KL_CLAMP_SCOPES:
+        raise ValueError(f"unknown KL clamp scope {scope!r}; valid: {list(KL_CLAMP_SCOPES)}")
+    if scope == "k3" and estimator != "k3":
+        return {"log_ratio_clamp": None, "value_clamp": None}
+    return {"log_ratio_clamp": log_ratio_clamp, "value_clamp": value_clamp}
+
+
 def get_kl_estimator(name: str) -> KLEstimator:
     """Look up `KL_ESTIMATORS[name]`; an unknown name raises ValueError listing the valid ones."""
     try:

@@ -2,8 +2,11 @@
 
 Every policy loss in `POLICY_LOSSES` shares one signature:
 
-    fn(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, eps_high, dual_clip_c)
-        -> (loss_BT, stats)
+    fn(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, eps_high, dual_clip_c,
+       log_ratio_clamp=LOG_RATIO_CLAMP, **options) -> (loss_BT, stats)
+
+with the loss's own options (`POLICY_LOSS_OPTIONS`: TRL's `ratio_cap` for ppo_clip, SAPO's two
+temperatures) as further keywords.
 
 `loss_BT` [B, T] float32 is the per-token *negative* objective (minimise it), exactly 0 at padding;
 turn it into one number with `aggregation.aggregate_loss`. `stats` holds detached tensors, 0/False
@@ -11,9 +14,13 @@ at padding, with at least `ratio_BT`, `clipped_BT` and `dual_clipped_BT` so that
 `policy_health_metrics` works for every loss.
 
 Numerics: inputs are cast to float32; padded positions are replaced by 0 *before* any arithmetic
-(torch.where), so NaN or huge values in padding cannot reach an output or a gradient. The token
-log-ratio is clamped to [-20, 20] before exp (as for the KL estimators), so a ratio of e^1000 gives
-a finite loss and a finite gradient (zero beyond the clamp).
+(torch.where), so NaN or huge values in padding cannot reach an output or a gradient. The log-ratio
+is clamped before exp (`log_ratio_clamp`, default 20, the profile's `train.policy_log_ratio_clamp` /
+`train.gspo_log_ratio_clamp`): per token to [-c, c] for the token losses, and from above only for
+GSPO's sequence log-ratio (a very negative one underflows harmlessly to 0). The clamp is applied to a
+tensor that carries the gradient, so beyond it the gradient is 0 and a ratio of e^1000 gives a finite
+loss and gradient. `None` turns it off (TRL clamps nothing): a huge ratio then overflows to inf and
+the train loop skips the step.
 """
 from __future__ import annotations
 
@@ -37,22 +44,41 @@ def _valid(x_BT: torch.Tensor, m_BT: torch.Tensor, name: str) -> torch.Tensor:
     return torch.where(m_BT, x_BT.float(), 0.0)
 
 
-def _check_clip(eps_low: float, eps_high: float, dual_clip_c: float | None) -> None:
+def _check_clip(eps_low: float, eps_high: float, dual_clip_c: float | None, log_ratio_clamp: float | None) -> None:
     if not 0.0 <= eps_low < 1.0:
         raise ValueError(f"eps_low must be in [0, 1), got {eps_low}")
     if not eps_high >= 0.0:
         raise ValueError(f"eps_high must be >= 0, got {eps_high}")
     if dual_clip_c is not None and not dual_clip_c > 1.0:
         raise ValueError(f"dual_clip_c must be > 1 (or None for off), got {dual_clip_c}")
+    _check_log_ratio_clamp(log_ratio_clamp)
 
 
-def _clipped_objective(ratio, adv, *, eps_low, eps_high, dual_clip_c):
-    """`J = min(r A, clip(r, 1-eps_low, 1+eps_high) A)`, then `max(J, c A)` where A < 0 (dual clip).
+def _check_log_ratio_clamp(log_ratio_clamp: float | None) -> None:
+    if log_ratio_clamp is not None and not log_ratio_clamp > 0:
+        raise ValueError(f"log_ratio_clamp must be > 0 (or None for off), got {log_ratio_clamp}")
+
+
+def _no_dual_clip(name: str, dual_clip_c: float | None) -> None:
+    if dual_clip_c is not None:
+        raise ValueError(f"{name} has no dual clip: pass dual_clip_c=None (train.dual_clip_c: null), got {dual_clip_c}")
+
+
+def _clamp(x: torch.Tensor, bound: float | None, *, lower: bool = True) -> torch.Tensor:
+    """x clamped to [-bound, bound] (or to at most bound when not `lower`); None = unchanged."""
+    if bound is None:
+        return x
+    return x.clamp(-bound, bound) if lower else x.clamp(max=bound)
+
+
+def _clipped_objective(ratio, adv, *, eps_low, eps_high, dual_clip_c, ratio_cap=None):
+    """`J = min(min(r, cap) A, clip(r, 1-eps_low, 1+eps_high) A)`, then `max(J, c A)` where A < 0 (dual clip).
 
     Returns (J, clipped, dual_clipped); `clipped` marks where the clipped branch was strictly
-    smaller, i.e. where no gradient flows through the ratio.
+    smaller, i.e. where no gradient flows through the ratio. `ratio_cap` (TRL's `delta`; None = off)
+    caps the unclipped branch's ratio.
     """
-    unclipped = ratio * adv
+    unclipped = (ratio if ratio_cap is None else ratio.clamp(max=ratio_cap)) * adv
     clipped_value = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
     objective = torch.minimum(unclipped, clipped_value)
     clipped = clipped_value < unclipped
@@ -69,45 +95,57 @@ def _per_sequence_mean(x_BT: torch.Tensor, m_BT: torch.Tensor) -> torch.Tensor:
     return torch.where(m_BT, x_BT, 0.0).sum(dim=1) / count_B
 
 
-def ppo_clip_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, eps_high, dual_clip_c):
-    """PPO-clip per token, with clip-higher and optional dual clip; returns (-J_BT, stats).
+def _token_log_ratio(logprobs_BT, old_logprobs_BT, m, log_ratio_clamp):
+    """`l_t = log pi_theta - log pi_old` per token, clamped to [-c, c] (padding 0)."""
+    log_ratio = _valid(logprobs_BT, m, "logprobs_BT") - _valid(old_logprobs_BT, m, "old_logprobs_BT")
+    return _clamp(log_ratio, log_ratio_clamp)
+
+
+def _stats(ratio, clipped, dual_clipped, m, **extra) -> dict:
+    return {"ratio_BT": torch.where(m, ratio, 0.0).detach(), "clipped_BT": clipped & m,
+            "dual_clipped_BT": dual_clipped & m, **extra}
+
+
+def ppo_clip_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, eps_high, dual_clip_c,
+                  log_ratio_clamp=LOG_RATIO_CLAMP, ratio_cap=None):
+    """PPO-clip per token, with clip-higher, optional dual clip and TRL's two-sided cap; returns (-J_BT, stats).
 
     `J_t = min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t)`, `r_t = pi_theta / pi_old`.
     eps_high > eps_low is DAPO's clip-higher (keeps low-probability tokens able to grow).
     `dual_clip_c` (> 1, or None = off): for A_t < 0, `J_t = max(J_t, c A_t)` bounds the loss of
-    a huge ratio on a negative sample. Worked example: log pi_old -2.1, log pi_theta -1.8,
-    eps 0.2, A 0.2 -> r 1.35 clipped to 1.2 -> J 0.24 -> loss -0.24, no gradient.
+    a huge ratio on a negative sample. `ratio_cap` (TRL's `delta`, INTELLECT-2's two-sided clip;
+    > 1 or None = off) replaces r by min(r, delta) in the unclipped branch, bounding the same loss
+    for every sign of A: with r e^2, A -1, delta 4 the loss is 4 with gradient 0 (7.389 without).
+    Worked example: log pi_old -2.1, log pi_theta -1.8, eps 0.2, A 0.2 -> r 1.35 clipped to 1.2 ->
+    J 0.24 -> loss -0.24, no gradient.
 
     Shapes: four [B, T] tensors -> loss_BT [B, T]; stats: ratio_BT, log_ratio_BT, clipped_BT,
     dual_clipped_BT. Reference: Schulman et al. 2017 (arXiv:1707.06347); Yu et al. 2025, DAPO
-    (arXiv:2503.14476); Ye et al. 2020, dual-clip PPO (arXiv:1912.09729).
+    (arXiv:2503.14476); Ye et al. 2020, dual-clip PPO (arXiv:1912.09729); Prime Intellect 2025,
+    INTELLECT-2 (arXiv:2505.07291).
     """
-    _check_clip(eps_low, eps_high, dual_clip_c)
+    _check_clip(eps_low, eps_high, dual_clip_c, log_ratio_clamp)
+    if ratio_cap is not None and not ratio_cap > 1.0:
+        raise ValueError(f"ratio_cap must be > 1 (or None for off), got {ratio_cap}")
     m = _mask(mask_BT, logprobs_BT.shape)
-    log_ratio = (_valid(logprobs_BT, m, "logprobs_BT") - _valid(old_logprobs_BT, m, "old_logprobs_BT"))
-    log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = _token_log_ratio(logprobs_BT, old_logprobs_BT, m, log_ratio_clamp)
     ratio = torch.exp(log_ratio)
     adv = _valid(advantages_BT, m, "advantages_BT")
     objective, clipped, dual_clipped = _clipped_objective(
-        ratio, adv, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c
+        ratio, adv, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c, ratio_cap=ratio_cap
     )
     loss_BT = torch.where(m, -objective, 0.0)
-    stats = {
-        "ratio_BT": torch.where(m, ratio, 0.0).detach(),
-        "log_ratio_BT": log_ratio.detach(),
-        "clipped_BT": clipped & m,
-        "dual_clipped_BT": dual_clipped & m,
-    }
-    return loss_BT, stats
+    return loss_BT, _stats(ratio, clipped, dual_clipped, m, log_ratio_BT=log_ratio.detach())
 
 
-def _sequence_log_ratio(logprobs_BT, old_logprobs_BT, m):
-    """Mean token log-ratio of each sequence, clamped: log s_i ([B])."""
+def _sequence_log_ratio(logprobs_BT, old_logprobs_BT, m, log_ratio_clamp):
+    """Mean token log-ratio of each sequence, log s_i ([B]), clamped from above at `log_ratio_clamp`."""
     log_ratio = _valid(logprobs_BT, m, "logprobs_BT") - _valid(old_logprobs_BT, m, "old_logprobs_BT")
-    return _per_sequence_mean(log_ratio, m).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return _clamp(_per_sequence_mean(log_ratio, m), log_ratio_clamp, lower=False)
 
 
-def gspo_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, eps_high, dual_clip_c):
+def gspo_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, eps_high, dual_clip_c,
+              log_ratio_clamp=LOG_RATIO_CLAMP):
     """GSPO: one clipped term per sequence, with the geometric-mean ratio `s_i`.
 
     `s_i = exp(mean_t l_{i,t})` over valid tokens; `A_i` = mean of advantages_BT over the valid
@@ -116,57 +154,144 @@ def gspo_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, 
     `-J_i` is written on every valid token of sequence i, so `aggregate_loss(...,
     mode="seq-mean-token-mean")` gives exactly GSPO's `-(1/G) sum_i J_i`; other modes weight
     sequences by their length. The published clip ranges are tiny (about 3e-4 / 4e-4).
+    `log s_i` is clamped from above at `log_ratio_clamp` (gradient 0 beyond).
 
     Shapes: four [B, T] tensors -> loss_BT [B, T]; stats: ratio_BT (s_i broadcast), seq_ratio_B,
     clipped_BT, seq_clipped_B, dual_clipped_BT. Reference: Zheng et al. 2025, GSPO (arXiv:2507.18071).
     """
-    _check_clip(eps_low, eps_high, dual_clip_c)
+    _check_clip(eps_low, eps_high, dual_clip_c, log_ratio_clamp)
     m = _mask(mask_BT, logprobs_BT.shape)
-    seq_ratio_B = torch.exp(_sequence_log_ratio(logprobs_BT, old_logprobs_BT, m))
+    seq_ratio_B = torch.exp(_sequence_log_ratio(logprobs_BT, old_logprobs_BT, m, log_ratio_clamp))
     seq_adv_B = _per_sequence_mean(_valid(advantages_BT, m, "advantages_BT"), m)
     objective_B, clipped_B, dual_B = _clipped_objective(
         seq_ratio_B, seq_adv_B, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c
     )
     loss_BT = torch.where(m, -objective_B[:, None], 0.0)
-    stats = {
-        "ratio_BT": torch.where(m, seq_ratio_B[:, None], 0.0).detach(),
-        "seq_ratio_B": seq_ratio_B.detach(),
-        "clipped_BT": clipped_B[:, None] & m,
-        "seq_clipped_B": clipped_B,
-        "dual_clipped_BT": dual_B[:, None] & m,
-    }
-    return loss_BT, stats
+    return loss_BT, _stats(seq_ratio_B[:, None].expand_as(m), clipped_B[:, None], dual_B[:, None], m,
+                           seq_ratio_B=seq_ratio_B.detach(), seq_clipped_B=clipped_B)
 
 
-def gspo_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, eps_high, dual_clip_c):
+def gspo_token_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, eps_high, dual_clip_c,
+                    log_ratio_clamp=LOG_RATIO_CLAMP):
     """GSPO-token: `s_{i,t} = sg[s_i] * pi_theta(o_t) / sg[pi_theta(o_t)]`, clipped per token.
 
     Numerically `s_{i,t} = s_i`, so the clip decision is the sequence's, but each token carries its
     own advantage `A_{i,t}` and gradient `s_i * grad log pi_theta(o_t)`. With `A_{i,t} = A_i` and
     mode "seq-mean-token-mean" the gradient is exactly GSPO's:
     `(1/|o_i|) sum_t s_i A_i grad log pi(o_t) = grad (s_i A_i)` (tested with autograd).
+    The combined log-ratio `log pi - sg[log pi] + sg[log s_i]` is clamped from above at
+    `log_ratio_clamp`, as verl does (at 10): beyond it the value is capped AND the gradient is 0.
+    Worked example (issue 16): old [-1, -1], log pi [11, 11], A -1, token-mean: log s 12 -> with a
+    clamp of 10 loss e^10 = 22026.5 and gradient 0; with 20, loss e^12 = 162754.8 and gradient
+    e^12 / 2 = 81377 per token.
 
     Shapes: four [B, T] tensors -> loss_BT [B, T]; stats as `gspo_loss`.
     Reference: Zheng et al. 2025, GSPO (arXiv:2507.18071), section 4.3.
     """
-    _check_clip(eps_low, eps_high, dual_clip_c)
+    _check_clip(eps_low, eps_high, dual_clip_c, log_ratio_clamp)
     m = _mask(mask_BT, logprobs_BT.shape)
-    seq_ratio_B = torch.exp(_sequence_log_ratio(logprobs_BT, old_logprobs_BT, m)).detach()
+    log_s_B = _sequence_log_ratio(logprobs_BT, old_logprobs_BT, m, None).detach()
     logprobs = _valid(logprobs_BT, m, "logprobs_BT")
-    token_ratio = seq_ratio_B[:, None] * torch.exp(logprobs - logprobs.detach())
+    log_token_ratio = _clamp(logprobs - logprobs.detach() + log_s_B[:, None], log_ratio_clamp, lower=False)
+    token_ratio = torch.exp(log_token_ratio)
+    seq_ratio_B = torch.exp(_clamp(log_s_B, log_ratio_clamp, lower=False))
     adv = _valid(advantages_BT, m, "advantages_BT")
     objective, clipped, dual_clipped = _clipped_objective(
         token_ratio, adv, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c
     )
     loss_BT = torch.where(m, -objective, 0.0)
-    stats = {
-        "ratio_BT": torch.where(m, seq_ratio_B[:, None], 0.0),
-        "seq_ratio_B": seq_ratio_B,
-        "clipped_BT": clipped & m,
-        "seq_clipped_B": (clipped & m).any(dim=1),
-        "dual_clipped_BT": dual_clipped & m,
-    }
-    return loss_BT, stats
+    return loss_BT, _stats(seq_ratio_B[:, None].expand_as(m), clipped, dual_clipped, m, seq_ratio_B=seq_ratio_B,
+                           seq_clipped_B=(clipped & m).any(dim=1))
+
+
+def cispo_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, eps_high, dual_clip_c,
+               log_ratio_clamp=LOG_RATIO_CLAMP):
+    """CISPO: `-sg[clip(r_t, 1 - eps_low, 1 + eps_high)] * A_t * log pi_theta(o_t)` per token.
+
+    Why: PPO's clip zeroes the gradient of every clipped token, and the rare tokens that matter
+    for reflection ("wait", "however") are the ones clipped first; CISPO clips the importance
+    weight instead and keeps every token's REINFORCE gradient `w_t A_t grad log pi_theta`.
+    The loss value is that of the surrogate, not of PPO's objective. Frameworks differ on the
+    bounds: verl (and MiniMax-M1) clip to [1 - eps_low, 1 + eps_high]; TRL's `loss_type: cispo`
+    caps the weight at an absolute `epsilon_high` with no lower bound, i.e. eps_low 1 here and
+    eps_high = TRL's epsilon_high - 1 (TRL's docs suggest epsilon_high 5: eps_high 4).
+    Worked example: old -1, new -0.5, eps_high 0.2, A 2 -> r e^0.5 = 1.65 -> w 1.2 ->
+    loss -1.2 * 2 * -0.5 = 1.2, gradient -2.4.
+
+    Shapes: four [B, T] tensors -> loss_BT [B, T]; stats: ratio_BT, clipped_BT (w != r),
+    dual_clipped_BT (always False). Reference: MiniMax 2025, MiniMax-M1 (arXiv:2506.13585).
+    """
+    if not (0.0 <= eps_low <= 1.0 and eps_high >= 0.0):
+        raise ValueError(f"cispo needs 0 <= eps_low <= 1 and eps_high >= 0, got {eps_low}, {eps_high}")
+    _no_dual_clip("cispo", dual_clip_c)
+    _check_log_ratio_clamp(log_ratio_clamp)
+    m = _mask(mask_BT, logprobs_BT.shape)
+    ratio = torch.exp(_token_log_ratio(logprobs_BT, old_logprobs_BT, m, log_ratio_clamp)).detach()
+    weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    adv = _valid(advantages_BT, m, "advantages_BT")
+    loss_BT = torch.where(m, -weight * adv * _valid(logprobs_BT, m, "logprobs_BT"), 0.0)
+    return loss_BT, _stats(ratio, weight != ratio, torch.zeros_like(m), m, weight_BT=torch.where(m, weight, 0.0))
+
+
+def sapo_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, eps_high, dual_clip_c,
+              log_ratio_clamp=LOG_RATIO_CLAMP, tau_pos, tau_neg):
+    """SAPO: a soft gate instead of the hard clip, `-f(r_t) A_t` with `f(r) = sigmoid(tau (r - 1)) * 4 / tau`.
+
+    Why: the hard clip switches a token's gradient off at 1 +- eps; the gate's gradient
+    `4 r sigmoid' (tau (r - 1))` is exactly PPO's (r = 1 gives 1) on-policy and fades smoothly as r
+    leaves 1, faster for larger tau. `tau = tau_pos` where A > 0, else `tau_neg` (the paper and TRL:
+    1.0 / 1.05, so negative tokens fade sooner). eps_low / eps_high are not used (no clip).
+    Worked example: r = 1, tau 1, A 1 -> f = 2, loss -2, gradient -1 (PPO's); r = e^0.5 ->
+    f = 4 sigmoid(0.6487) = 2.6269.
+
+    Shapes: four [B, T] tensors -> loss_BT [B, T]; stats: ratio_BT, clipped_BT and dual_clipped_BT
+    (always False). Reference: Qwen 2025, Soft Adaptive Policy Optimization (arXiv:2511.20347).
+    """
+    _no_dual_clip("sapo", dual_clip_c)
+    _check_log_ratio_clamp(log_ratio_clamp)
+    if not (tau_pos > 0 and tau_neg > 0):
+        raise ValueError(f"sapo temperatures must be > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")
+    m = _mask(mask_BT, logprobs_BT.shape)
+    ratio = torch.exp(_token_log_ratio(logprobs_BT, old_logprobs_BT, m, log_ratio_clamp))
+    adv = _valid(advantages_BT, m, "advantages_BT")
+    tau = torch.where(adv > 0, float(tau_pos), float(tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+    loss_BT = torch.where(m, -gate * adv, 0.0)
+    never = torch.zeros_like(m)
+    return loss_BT, _stats(ratio, never, never, m)
+
+
+def gmpo_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, eps_high, dual_clip_c,
+              log_ratio_clamp=LOG_RATIO_CLAMP):
+    """GMPO: the geometric mean of the token ratios, each clipped in log space, times the sequence advantage.
+
+    `J_i = A_i * exp(mean_t sgn(A_i) min(sgn(A_i) l_t, sgn(A_i) clip(l_t, -eps_low, eps_high)))`,
+    `A_i` the mean of advantages_BT over the sequence's valid tokens. Why: the arithmetic mean of
+    token ratios (GRPO) is pulled by outliers; the geometric mean is not, so GMPO can afford a wide
+    clip (the paper: eps 0.4 in log space, i.e. ratios e^-0.4 .. e^0.4). `-J_i` is written on every
+    valid token, so "seq-mean-token-mean" gives verl's `geo_mean` (a plain mean over sequences).
+    Worked example: l = [0.5, -0.1], eps 0.4, A +1 -> clipped l [0.4, -0.1] -> J = e^0.15 = 1.1618;
+    A -1 -> [0.5, -0.1] -> J = -e^0.2 = -1.2214.
+
+    Shapes: four [B, T] tensors -> loss_BT [B, T]; stats: ratio_BT (the sequence's clipped geometric
+    mean, broadcast), seq_ratio_B, clipped_BT (tokens whose clip bit), dual_clipped_BT (False).
+    Reference: Zhao et al. 2025, Geometric-Mean Policy Optimization (arXiv:2507.20673).
+    """
+    if not (eps_low >= 0 and eps_high >= 0):
+        raise ValueError(f"gmpo needs eps_low, eps_high >= 0 (log-space clip), got {eps_low}, {eps_high}")
+    _no_dual_clip("gmpo", dual_clip_c)
+    _check_log_ratio_clamp(log_ratio_clamp)
+    m = _mask(mask_BT, logprobs_BT.shape)
+    log_ratio = _token_log_ratio(logprobs_BT, old_logprobs_BT, m, log_ratio_clamp)
+    seq_adv_B = _per_sequence_mean(_valid(advantages_BT, m, "advantages_BT"), m)
+    sign = torch.sign(seq_adv_B)[:, None]
+    clipped_log = log_ratio.clamp(-eps_low, eps_high)
+    kept_log = sign * torch.minimum(sign * log_ratio, sign * clipped_log)
+    seq_ratio_B = torch.exp(_per_sequence_mean(kept_log, m))
+    loss_BT = torch.where(m, -(seq_adv_B * seq_ratio_B)[:, None], 0.0)
+    clipped = (sign * clipped_log < sign * log_ratio) & m
+    return loss_BT, _stats(seq_ratio_B[:, None].expand_as(m), clipped, torch.zeros_like(m), m,
+                           seq_ratio_B=seq_ratio_B.detach())
 
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict]]
@@ -175,6 +300,19 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
     "ppo_clip": ppo_clip_loss,
     "gspo": gspo_loss,
     "gspo_token": gspo_token_loss,
+    "cispo": cispo_loss,
+    "sapo": sapo_loss,
+    "gmpo": gmpo_loss,
+}
+
+# the options each loss takes beyond the shared keywords (names of TrainConfig fields)
+POLICY_LOSS_OPTIONS: dict[str, tuple[str, ...]] = {
+    "ppo_clip": ("ratio_cap",),
+    "gspo": (),
+    "gspo_token": (),
+    "cispo": (),
+    "sapo": ("tau_pos", "tau_neg"),
+    "gmpo": (),
 }
 
 

@@ -8,6 +8,8 @@ first use, so `from rlpipe.engines import HFEngine` works without slowing down l
     batched_completion_logprobs, token_budget_batches, unpad, enable_gradient_checkpointing,
     compile_decoder_layers        rlpipe.engines.logprobs
     compile_layers_wanted         rlpipe.engines.logprobs
+The keep sampling mask's kept sets and truncated log-probs (`batched_kept_sets`,
+`completion_logprobs_truncated`, ...) are imported from `rlpipe.engines.truncation` itself.
 """
 from importlib import import_module
 

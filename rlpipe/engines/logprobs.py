@@ -273,19 +273,9 @@ def completion_logprobs(
     train/eval mode and any autocast. chunk_size: completion positions per LM-head call (memory ~
     chunk_size x vocab).
     """
-    if not temperature > 0.0:
-        raise ValueError(f"temperature must be > 0 (use 1.0 for greedy rollouts), got {temperature}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    _check_plain_lm_head(model)
-    head = model.get_output_embeddings()
-    if head is None:
-        raise TypeError(f"{type(model).__name__} has no output embedding (LM head)")
-    device = next(model.parameters()).device
-    batch = batch.to(device)
-    body = _packed_body if isinstance(batch, PackedBatch) else _padded_body
-    hidden_NH, target_N, row_N, col_N = body(model, batch)
-
+    hidden_NH, target_N, row_N, col_N, head = completion_hidden(model, batch, temperature=temperature,
+                                                                chunk_size=chunk_size)
+    device = hidden_NH.device
     params = list(head.parameters())
     with_grad = torch.is_grad_enabled() and (hidden_NH.requires_grad or any(p.requires_grad for p in params))
     pieces: list[tuple[torch.Tensor, ...]] = []
@@ -298,16 +288,39 @@ def completion_logprobs(
                                                                   with_entropy)
             pieces.append((logprob_N, entropy_N))
 
-    n_rows, n_cols = len(batch.completion_lengths), batch.max_completion_length
+    shape = (len(batch.completion_lengths), batch.max_completion_length)
 
     def to_grid(stat_index: int) -> torch.Tensor:
-        grid_BC = torch.zeros((n_rows, n_cols), dtype=torch.float32, device=device)
-        if not pieces:
-            return grid_BC
-        values_N = torch.cat([piece[stat_index] for piece in pieces])
-        return grid_BC.index_put((row_N, col_N), values_N)
+        return completion_grid([piece[stat_index] for piece in pieces], row_N, col_N, shape, device)
 
     return to_grid(0), (to_grid(1) if with_entropy else None)
+
+
+def completion_hidden(model: torch.nn.Module, batch: TokenBatch | PackedBatch, *, temperature: float,
+                      chunk_size: int) -> tuple[torch.Tensor, ...]:
+    """(hidden_NH, target_N, row_N, col_N, head): the body's hidden states at the N positions that predict a
+    completion token, the token, its (row, column) in the [B, C] grid, and the LM head; checks the arguments."""
+    if not temperature > 0.0:
+        raise ValueError(f"temperature must be > 0 (use 1.0 for greedy rollouts), got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    _check_plain_lm_head(model)
+    head = model.get_output_embeddings()
+    if head is None:
+        raise TypeError(f"{type(model).__name__} has no output embedding (LM head)")
+    device = next(model.parameters()).device
+    batch = batch.to(device)
+    body = _packed_body if isinstance(batch, PackedBatch) else _padded_body
+    return (*body(model, batch), head)
+
+
+def completion_grid(values: list[torch.Tensor], row_N: torch.Tensor, col_N: torch.Tensor, shape: tuple[int, int],
+                    device: torch.device) -> torch.Tensor:
+    """Per-position values (in N order, possibly in chunks) as a zero-padded [B, C] float32 grid."""
+    grid_BC = torch.zeros(shape, dtype=torch.float32, device=device)
+    if not values:
+        return grid_BC
+    return grid_BC.index_put((row_N, col_N), torch.cat(values))
 
 
 def unpad(values_BC: torch.Tensor, lengths: Sequence[int]) -> list[np.ndarray]:

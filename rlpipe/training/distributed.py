@@ -49,6 +49,7 @@ from torch.distributed.tensor import DTensor
 
 from rlpipe.distributed import Dist
 from rlpipe.engines.logprobs import completion_logprobs, make_packed_batch, token_budget_batches, unpad
+from rlpipe.engines.truncation import batch_kept_sets, completion_logprobs_truncated
 
 FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)  # others get an empty dict
 
@@ -60,7 +61,16 @@ class PolicyForward(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, batch, *, temperature: float, chunk_size: int, with_entropy: bool):
+    def forward(self, batch, *, temperature: float, chunk_size: int, with_entropy: bool, kept=None,
+                truncation: tuple[int, float] | None = None):
+        """`completion_logprobs`; with ``kept``, `completion_logprobs_truncated`; with ``truncation`` (top_k,
+        top_p), `batch_kept_sets` (the keep sampling mask, rlpipe.engines.truncation)."""
+        if truncation is not None:
+            return batch_kept_sets(self.model, batch, temperature=temperature, top_k=truncation[0],
+                                   top_p=truncation[1], chunk_size=chunk_size)
+        if kept is not None:
+            return completion_logprobs_truncated(self.model, batch, kept, temperature=temperature,
+                                                 chunk_size=chunk_size, with_entropy=with_entropy)
         return completion_logprobs(self.model, batch, temperature=temperature, chunk_size=chunk_size,
                                    with_entropy=with_entropy)
 
@@ -146,6 +156,54 @@ class ShardedTraining:
                 if with_entropy:
                     entropies[i] = entropy_rows[k]
         return logprobs, (entropies if with_entropy else None)
+
+    def completion_logprobs_truncated(self, model, batch, kept, *, temperature: float, chunk_size: int,
+                                      with_entropy: bool):
+        """`rlpipe.engines.truncation.completion_logprobs_truncated` of the sharded policy, through its FSDP root."""
+        if model is not self.policy:
+            raise ValueError("ShardedTraining computes the log-probs of the policy it sharded, no other model")
+        return self.root(batch, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, kept=kept)
+
+    def all_kept_sets(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
+                      temperature: float, top_k: int, top_p: float, max_tokens_per_batch: int, chunk_size: int
+                      ) -> tuple[list[np.ndarray], list, list[np.ndarray], list[np.ndarray]]:
+        """`rlpipe.engines.truncation.batched_kept_sets` on every rank: its batches dealt round-robin, gathered."""
+        out = self._over_batches(prompts, completions, max_tokens_per_batch, lambda batch, pick: self.root(
+            batch, temperature=temperature, chunk_size=chunk_size, with_entropy=True, truncation=(top_k, top_p)))
+        truncated, full, entropy, kept = out  # batch_kept_sets' order
+        return truncated, kept, full, entropy
+
+    def all_truncated_logprobs(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                               kept: list, *, temperature: float, max_tokens_per_batch: int,
+                               chunk_size: int) -> list[np.ndarray]:
+        """`rlpipe.engines.truncation.batched_truncated_logprobs` on every rank."""
+        out = self._over_batches(prompts, completions, max_tokens_per_batch, lambda batch, pick: self.root(
+            batch, temperature=temperature, chunk_size=chunk_size, with_entropy=False, kept=[kept[i] for i in pick]))
+        return out[2]
+
+    def _over_batches(self, prompts, completions, max_tokens_per_batch: int, forward) -> list[list[Any]]:
+        """Run ``forward(batch, rows)`` (no grad) on this rank's share of the packed token-budget batches and
+        gather every output per sequence, in input order: [B, C] grids are unpadded, lists of rows (kept sets)
+        taken as they are, None stays None. Returns one list per output of ``forward``."""
+        lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+        batches = token_budget_batches(lengths, max_tokens_per_batch, packed=True)
+        mine = []
+        with torch.no_grad():
+            for rows in self.share(batches):
+                pick = rows if rows is not None else batches[-1]  # a dummy pass on the shortest batch
+                batch = make_packed_batch([prompts[i] for i in pick], [completions[i] for i in pick])
+                outputs = forward(batch, pick)
+                if rows is not None:
+                    mine.append((rows, [unpad(x, batch.completion_lengths) if isinstance(x, torch.Tensor)
+                                        else [None] * len(rows) if x is None else x for x in outputs]))
+        per_output: list[list[Any]] = []
+        for rows, outputs in self.in_order(mine):
+            while len(per_output) < len(outputs):
+                per_output.append([None] * len(prompts))
+            for k, values in enumerate(outputs):
+                for j, i in enumerate(rows):
+                    per_output[k][i] = values[j]
+        return per_output
 
     def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float) -> float:
         """`torch.nn.utils.clip_grad_norm_` over sharded gradients: the norm of the full gradient, on every rank."""

@@ -21,14 +21,17 @@ import torch
 
 from rlpipe.algorithms.aggregation import loss_normalisers
 from rlpipe.algorithms.losses import health_to_host
-from rlpipe.config import TrainConfig
+from rlpipe.algorithms.token_masks import high_entropy_threshold
+from rlpipe.config import GenerateConfig, TrainConfig
 from rlpipe.engines.base import derive_seed
 from rlpipe.engines.logprobs import batched_completion_logprobs
+from rlpipe.engines.truncation import batched_kept_sets, batched_truncated_logprobs
 from rlpipe.errors import TrainingError
 from rlpipe.training.objective import Normalisers, TrainingData, autocast, micro_batch_loss
 
 # step metrics summarised as means; the last three exist only when their feature is on
-OPTIONAL_STEP_METRICS = ("dual_clip_fraction", "off_policy_masked_fraction", "tis_weight_mean", "tis_capped_fraction")
+OPTIONAL_STEP_METRICS = ("dual_clip_fraction", "off_policy_masked_fraction", "tis_weight_mean", "tis_capped_fraction",
+                         "high_entropy_kept_fraction")
 SHUFFLE_STREAM = 3  # seed domain of the minibatch shuffle (see rlpipe.generate for the others)
 
 
@@ -63,13 +66,19 @@ def cut_micro_batches(minibatch: Sequence[int], data: TrainingData, cfg: TrainCo
     return [np.asarray(m) if isinstance(minibatch, np.ndarray) else m for m in out]
 
 
-def _all_logprobs(model, data: TrainingData, cfg: TrainConfig, *, temperature: float, pad_token_id: int,
-                  with_entropy: bool, dist=None):
-    """No-grad log-probs of every sequence, in batches no larger than a training micro-batch."""
+def _budget(data: TrainingData, cfg: TrainConfig) -> int:
+    """Tokens per no-grad batch: no more than a training micro-batch holds."""
     longest = max((len(p) + len(c) for p, c in zip(data.prompt_token_ids, data.completion_token_ids)), default=1)
     budget = cfg.micro_batch_size * longest
     if cfg.max_tokens_per_micro_batch:
         budget = max(min(budget, cfg.max_tokens_per_micro_batch), longest)
+    return budget
+
+
+def _all_logprobs(model, data: TrainingData, cfg: TrainConfig, *, temperature: float, pad_token_id: int,
+                  with_entropy: bool, dist=None):
+    """No-grad log-probs of every sequence, in batches no larger than a training micro-batch."""
+    budget = _budget(data, cfg)
     with autocast(cfg):
         if dist is not None:
             return dist.all_logprobs(data.prompt_token_ids, data.completion_token_ids, temperature=temperature,
@@ -103,6 +112,13 @@ def _combine(parts: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def sampling_truncation(generate: GenerateConfig, cfg: TrainConfig) -> tuple[int, float] | None:
+    """(top_k, top_p) for `train_policy`'s keep sampling mask: when train.keep_sampling_mask is on and the
+    sampler truncated (generate.top_p < 1 or generate.top_k > 0, not greedy); else None."""
+    truncates = generate.temperature > 0 and (generate.top_p < 1.0 or generate.top_k > 0)
+    return (generate.top_k, generate.top_p) if cfg.keep_sampling_mask and truncates else None
+
+
 def count_optimizer_steps(num_trainable: int, cfg: TrainConfig) -> int:
     """How many optimizer steps train_policy makes (epochs x minibatches) unless train.target_kl stops it early."""
     return cfg.epochs * math.ceil(num_trainable / cfg.minibatch_size)
@@ -117,7 +133,8 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
                  seed: int, iteration: int, max_length: int, critic=None, progress: Any = None,
                  resume: dict[str, Any] | None = None,
                  save_state: Callable[[dict[str, Any]], None] | None = None, dist=None,
-                 check_old: Callable[[list[np.ndarray]], None] | None = None) -> TrainResult:
+                 check_old: Callable[[list[np.ndarray]], None] | None = None,
+                 truncation: tuple[int, float] | None = None) -> TrainResult:
     """Run cfg.epochs x minibatches of updates in place on ``model`` (and ``critic``); see module docstring.
 
     ``critic``: a `rlpipe.value_model.ScalarHeadModel` trained alongside the actor (gae), with its
@@ -141,6 +158,9 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
     optimizer steps only (the log-probs before and after stay dropout-free).
     ``dist``: under torchrun, the `ShardedTraining` that sharded ``model`` and ``critic``; every rank
     calls this and gets the same result; ``save_state`` gets full states on rank 0 only.
+    ``truncation``: (top_k, top_p) of the sampler when train.keep_sampling_mask applies them
+    (rlpipe.engines.truncation): pi_old's kept sets are computed once with the old log-probs, and
+    pi_old and pi_theta are both truncated to them in the ratio; None = full softmax.
     """
     if (critic is None) != (data.returns is None):
         raise ValueError("a critic needs returns and old values in the training data, and returns need a critic")
@@ -152,9 +172,12 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
         critic_optimizer = _adamw(critic.parameters(), cfg, cfg.critic.lr)
     stopped = False
     if resume is None:
-        with torch.no_grad():
-            old, old_entropy = _all_logprobs(model, data, cfg, temperature=temperature, pad_token_id=pad_token_id,
-                                             with_entropy=True, dist=dist)
+        if truncation is not None:  # one pass gives the kept sets, both old log-probs and the entropies
+            old, old_entropy = _keep_sampling_mask(model, data, cfg, truncation, temperature=temperature, dist=dist)
+        else:
+            with torch.no_grad():
+                old, old_entropy = _all_logprobs(model, data, cfg, temperature=temperature,
+                                                 pad_token_id=pad_token_id, with_entropy=True, dist=dist)
         done, skipped, steps = 0, 0, []
     else:  # pi_old's log-probs come from the state: the model there has already moved
         _load_state(model, optimizer, resume["model"], resume["optimizer"], dist)
@@ -162,6 +185,9 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
             _load_state(critic, critic_optimizer, resume["critic"], resume["critic_optimizer"], dist)
         old = [t.numpy() for t in resume["old_logprobs"]]
         old_entropy = [t.numpy() for t in resume["old_entropy"]]
+        if truncation is not None:
+            data.old_logprobs_full = [t.numpy() for t in resume["old_logprobs_full"]]
+            data.kept = _kept_from_state(resume["kept"])
         done, skipped, steps = int(resume["step"]), int(resume["skipped_steps"]), list(resume["steps"])
         stopped = bool(resume.get("stopped", False))
         if "rng" in resume:  # LoRA dropout draws from torch's global generator
@@ -169,6 +195,7 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
     if check_old is not None:
         check_old(old)
     data.old_logprobs = old
+    entropy_threshold = _entropy_mask(data, old_entropy, cfg)
     trainable = np.flatnonzero(data.trainable)
     per_epoch = math.ceil(len(trainable) / cfg.minibatch_size)
     if progress is not None and done:
@@ -192,6 +219,9 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
                  "order": torch.as_tensor(order), "model": model_state, "optimizer": optimizer_state,
                  "old_logprobs": [torch.as_tensor(x) for x in old],
                  "old_entropy": [torch.as_tensor(x) for x in old_entropy], "rng": torch.get_rng_state()}
+        if data.kept is not None:
+            state["old_logprobs_full"] = [torch.as_tensor(x) for x in data.old_logprobs_full]
+            state["kept"] = _kept_to_state(data.kept)
         if critic is not None:
             state.update(zip(("critic", "critic_optimizer"), _state(critic, critic_optimizer, dist)))
         return state
@@ -229,10 +259,25 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
             if stopped:
                 break
     with torch.no_grad():
-        new, _ = _all_logprobs(model, data, cfg, temperature=temperature, pad_token_id=pad_token_id,
-                               with_entropy=False, dist=dist)
+        if data.kept is not None:  # on pi_old's supports, like the old log-probs they are compared with
+            truncated_of = (batched_truncated_logprobs if dist is None
+                            else (lambda model, *args, **kw: dist.all_truncated_logprobs(*args, **kw)))
+            with autocast(cfg):
+                new = truncated_of(model, data.prompt_token_ids, data.completion_token_ids, data.kept,
+                                   temperature=temperature, max_tokens_per_batch=_budget(data, cfg),
+                                   chunk_size=cfg.chunk_size)
+        else:
+            new, _ = _all_logprobs(model, data, cfg, temperature=temperature, pad_token_id=pad_token_id,
+                                   with_entropy=False, dist=dist)
     metrics = {**_summary(steps, data, old, new, old_entropy), "skipped_steps": skipped,
                "early_stopped": stopped, "planned_optimizer_steps": count_optimizer_steps(len(trainable), cfg)}
+    if entropy_threshold is not None:
+        metrics["high_entropy_threshold"] = entropy_threshold
+    metrics["keep_sampling_mask"] = data.kept is not None
+    if data.kept is not None:  # how much of pi_old the sampler's support held, on average over tokens
+        keep = np.concatenate([data.policy_values(data.old_logprobs_full, i) - data.policy_values(old, i)
+                               for i in np.flatnonzero(data.trainable)] or [[]])
+        metrics["sampling_kept_mass_mean"] = float(np.exp(keep).mean()) if keep.size else 1.0
     if critic is not None:
         metrics.update(_critic_summary(steps, data))
     return TrainResult(metrics=metrics, steps=steps, old_logprobs=old, old_entropy=old_entropy, new_logprobs=new)
@@ -243,6 +288,54 @@ def _frozen(module) -> set[str]:
     states. By identity, so that a tied weight's second name (lm_head.weight) goes too."""
     frozen = {id(p) for p in module.parameters() if not p.requires_grad}
     return {key for key, value in module.state_dict(keep_vars=True).items() if id(value) in frozen}
+
+
+def _keep_sampling_mask(model, data: TrainingData, cfg: TrainConfig, truncation: tuple[int, float], *,
+                        temperature: float, dist) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """DeepSeek-V3.2's keep sampling mask: pi_old's kept sets (into data.kept), its truncated log-probs and
+    entropies (returned); the full log-probs go to data.old_logprobs_full for the KL's importance weight."""
+    top_k, top_p = truncation
+    kept_sets_of = batched_kept_sets if dist is None else (lambda model, *args, **kw: dist.all_kept_sets(*args, **kw))
+    with autocast(cfg):
+        old, kept, old_full, entropy = kept_sets_of(
+            model, data.prompt_token_ids, data.completion_token_ids, temperature=temperature, top_k=top_k,
+            top_p=top_p, max_tokens_per_batch=_budget(data, cfg), chunk_size=cfg.chunk_size)
+    data.old_logprobs_full = old_full
+    data.kept = kept
+    return old, entropy
+
+
+def _kept_to_state(kept) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Kept sets as (ids, sizes) int32 tensors per sequence: a resume state holds tensors only."""
+    return [(torch.from_numpy(np.concatenate(row) if row else np.zeros(0, np.int32)),
+             torch.tensor([len(ids) for ids in row], dtype=torch.int32)) for row in kept]
+
+
+def _kept_from_state(state) -> list[list[np.ndarray]]:
+    out = []
+    for ids, sizes in state:
+        bounds = np.concatenate([[0], np.cumsum(sizes.numpy())])
+        out.append([ids.numpy()[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
+    return out
+
+
+def _entropy_mask(data: TrainingData, old_entropy: list[np.ndarray], cfg: TrainConfig) -> float | None:
+    """With train.top_entropy_quantile < 1, set data.entropy_keep from pi_old's entropies; return the threshold.
+
+    The threshold is taken once over the policy tokens of every trainable row (not per micro-batch),
+    so it is the same whatever the split and after a resume (old_entropy is part of the saved state).
+    """
+    if cfg.top_entropy_quantile >= 1.0:
+        data.entropy_keep = None
+        return None
+    rows = np.flatnonzero(data.trainable)
+    threshold = high_entropy_threshold(np.concatenate([data.policy_values(old_entropy, i) for i in rows] or [[]]),
+                                       top_quantile=cfg.top_entropy_quantile)
+    keep = [np.asarray(h, dtype=np.float64) >= threshold for h in old_entropy]
+    if data.policy_mask is not None:
+        keep = [k & m for k, m in zip(keep, data.policy_mask)]
+    data.entropy_keep = keep
+    return threshold
 
 
 def _state(module, optimizer, dist) -> tuple[dict[str, Any], dict[str, Any]]:

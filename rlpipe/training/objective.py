@@ -2,13 +2,17 @@
 
     L = agg( w_t * (-J_t) + beta * D_t - c_H * H_t )  +  c_V * agg( L_V,t )
 
-- `J_t`: the policy objective named by ``train.policy_loss`` (PPO-clip with clip-higher and dual
-  clip, GSPO, GSPO-token), on tokens kept by DeepSeek-V3.2's off-policy sequence mask
+- `J_t`: the policy objective named by ``train.policy_loss`` (PPO-clip with clip-higher, dual clip
+  and TRL's ratio cap, GSPO, GSPO-token, CISPO, SAPO, GMPO), with the log-ratio clamp of the profile,
+  on tokens kept by DeepSeek-V3.2's off-policy sequence mask
   (``train.off_policy_mask_delta``);
-- `w_t`: truncated importance weights `min(pi_old / pi_sampler, C)` (``train.tis_cap``), 1 when off;
+- `w_t`: truncated importance weights `min(pi_old / pi_sampler, C)` (``train.tis_cap``), 1 when off,
+  times the high-entropy token mask (``train.top_entropy_quantile``; the "80/20" rule), 1 when off;
 - `D_t`: the KL estimator of pi_theta against pi_ref (``train.kl_estimator``), optionally weighted by
   pi_theta / pi_old (DeepSeek-V3.2's unbiased KL, ``train.kl_importance_weighted``), clamped as the
-  profile says;
+  profile says; always of the full softmax, while with DeepSeek-V3.2's keep sampling mask
+  (``train.keep_sampling_mask``, top-p/top-k sampling) `J_t`, its corrections and the health metrics
+  use pi_old and pi_theta truncated to the sampler's support (rlpipe.engines.truncation);
 - `L_V`: the clipped value loss of the critic (gae only);
 - `agg`: ``train.loss_aggregation`` with the normalisers of ``train.token_mean_scope``.
 
@@ -24,11 +28,12 @@ import numpy as np
 import torch
 
 from rlpipe.algorithms.aggregation import aggregate_loss
-from rlpipe.algorithms.kl import get_kl_estimator, importance_weighted_kl
-from rlpipe.algorithms.losses import (get_policy_loss, masked_mean, off_policy_sequence_mask, policy_health_tensors,
-                                      truncated_importance_weights, value_loss)
+from rlpipe.algorithms.kl import get_kl_estimator, importance_weighted_kl, kl_clamps
+from rlpipe.algorithms.losses import (POLICY_LOSS_OPTIONS, get_policy_loss, masked_mean, off_policy_sequence_mask,
+                                      policy_health_tensors, truncated_importance_weights, value_loss)
 from rlpipe.config import TrainConfig
 from rlpipe.engines.logprobs import completion_logprobs, make_packed_batch, make_token_batch, to_device
+from rlpipe.engines.truncation import completion_logprobs_truncated
 
 
 @dataclass
@@ -48,6 +53,13 @@ class TrainingData:
     # multi-turn: per row, which completion tokens the policy sampled (observation tokens are False);
     # None when every token is the policy's (single-turn)
     policy_mask: list[np.ndarray] | None = None
+    # train.top_entropy_quantile < 1: per row, the tokens whose policy term is trained (the loop fills it
+    # from pi_old's entropies); None = every token
+    entropy_keep: list[np.ndarray] | None = None
+    # train.keep_sampling_mask with top-p/top-k: pi_old's kept set S_t of every completion token (the loop
+    # fills it; old_logprobs are then truncated to it and old_logprobs_full are the full-softmax ones)
+    kept: list[list[np.ndarray]] | None = None
+    old_logprobs_full: list[np.ndarray] | None = None
 
     def policy_tokens(self, i: int) -> int:
         """Tokens of sequence i that enter the loss (its policy tokens)."""
@@ -87,7 +99,8 @@ def autocast(cfg: TrainConfig):
 
 
 def _kl_to_reference(logp_BC, old_BC, ref_BC, cfg: TrainConfig) -> torch.Tensor:
-    clamps = {"log_ratio_clamp": cfg.kl_log_ratio_clamp, "value_clamp": cfg.kl_value_clamp}
+    clamps = kl_clamps(cfg.kl_estimator, scope=cfg.kl_clamp_scope, log_ratio_clamp=cfg.kl_log_ratio_clamp,
+                       value_clamp=cfg.kl_value_clamp)
     if cfg.kl_importance_weighted:
         return importance_weighted_kl(logp_BC, old_BC, ref_BC, estimator=cfg.kl_estimator, **clamps)
     return get_kl_estimator(cfg.kl_estimator)(logp_BC, ref_BC, **clamps)
@@ -107,9 +120,16 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
     batch = make_packed_batch(prompts, completions).to(cfg.device)  # one unpadded row: no work on padding
     logprobs_of = completion_logprobs if dist is None else dist.completion_logprobs
     with autocast(cfg):
-        logp_BC, entropy_BC = logprobs_of(model, batch, temperature=temperature, chunk_size=cfg.chunk_size,
-                                          with_entropy=cfg.entropy_coef > 0)
-    logp_BC = logp_BC.float()
+        if data.kept is not None:  # keep sampling mask: the ratio on pi_old's support, the KL on the full softmax
+            truncated_of = completion_logprobs_truncated if dist is None else dist.completion_logprobs_truncated
+            full_BC, entropy_BC, logp_BC = truncated_of(
+                model, batch, [data.kept[i] for i in idx], temperature=temperature, chunk_size=cfg.chunk_size,
+                with_entropy=cfg.entropy_coef > 0)
+        else:
+            logp_BC, entropy_BC = logprobs_of(model, batch, temperature=temperature, chunk_size=cfg.chunk_size,
+                                              with_entropy=cfg.entropy_coef > 0)
+            full_BC = logp_BC
+    logp_BC, full_BC = logp_BC.float(), full_BC.float()
     width, device = logp_BC.shape[1], logp_BC.device
     lengths_B = to_device(torch.tensor(batch.completion_lengths), device)
     mask_BC = torch.arange(width, device=device)[None, :] < lengths_B[:, None]
@@ -129,20 +149,30 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
                                           delta=cfg.off_policy_mask_delta)
         loss_mask_BC = mask_BC & keep_B[:, None]
         health["off_policy_masked_fraction"] = (~keep_B).float().mean()
-    loss_BC, stats = get_policy_loss(cfg.policy_loss_function)(
+    name = cfg.policy_loss_function
+    options = {key: cfg.policy_loss_options[key] for key in POLICY_LOSS_OPTIONS[name]}
+    loss_BC, stats = get_policy_loss(name)(
         logp_BC, old_BC, adv_BC, loss_mask_BC, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-        dual_clip_c=cfg.dual_clip_c)
+        dual_clip_c=cfg.dual_clip_c, log_ratio_clamp=cfg.policy_loss_log_ratio_clamp, **options)
+    if data.entropy_keep is not None:  # the 80/20 rule: the policy term of high-entropy tokens only
+        keep_BC = rows("entropy_keep")
+        loss_BC = loss_BC * keep_BC
+        health["high_entropy_kept_fraction"] = masked_mean(keep_BC, mask_BC)
     if cfg.tis_cap is not None:
         weights_BC = truncated_importance_weights(old_BC, sampler_BC, mask_BC, cap=cfg.tis_cap)
         loss_BC = loss_BC * weights_BC
         health["tis_weight_mean"] = masked_mean(weights_BC, mask_BC)
         health["tis_capped_fraction"] = masked_mean(weights_BC >= cfg.tis_cap, mask_BC)
-    kl_BC = _kl_to_reference(logp_BC, old_BC, ref_BC, cfg)
+    old_full_BC = rows("old_logprobs_full") if data.kept is not None else old_BC
+    kl_BC = _kl_to_reference(full_BC, old_full_BC, ref_BC, cfg)
     if cfg.kl_beta > 0:
         loss_BC = loss_BC + cfg.kl_beta * kl_BC
     if cfg.entropy_coef > 0:
         loss_BC = loss_BC - cfg.entropy_coef * entropy_BC.float()
-    loss = norm.scale * aggregate_loss(loss_BC, loss_mask_BC, mode=cfg.loss_aggregation, total_tokens=norm.total_tokens,
+    # off_policy_mask_scope "policy_term" (TRL): a masked sequence's policy term is already 0 (the loss
+    # got loss_mask_BC), but its KL and entropy terms still count
+    agg_mask_BC = mask_BC if cfg.off_policy_mask_scope == "policy_term" else loss_mask_BC
+    loss = norm.scale * aggregate_loss(loss_BC, agg_mask_BC, mode=cfg.loss_aggregation, total_tokens=norm.total_tokens,
                                        total_sequences=norm.total_sequences, max_length=norm.max_length)
     health["policy_loss"] = loss.detach()
 

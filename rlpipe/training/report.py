@@ -37,9 +37,10 @@ def write_steps_csv(path: str, steps: list[dict[str, float]]) -> None:
 
 
 def reward_stats(scores: pl.DataFrame) -> dict[str, Any]:
+    scored = scores["reward"].fill_nan(None).drop_nulls()  # NaN: unscorable (advantage.nan_rewards)
     return {
-        "reward_mean": float(scores["reward"].mean()),
-        "reward_std": float(scores["reward"].std()) if scores.height > 1 else 0.0,
+        "reward_mean": float(scored.mean()) if scored.len() else 0.0,
+        "reward_std": float(scored.std()) if scored.len() > 1 else 0.0,
         "train_accuracy": float(scores["correct"].mean()) if scores["correct"].null_count() < scores.height else None,
     }
 
@@ -67,19 +68,23 @@ def sampler_mismatch(frame: pl.DataFrame, old_logprobs: list[np.ndarray]) -> dic
     return {"sampler_mismatch_mean_abs": float(diff.mean()), "sampler_mismatch_max_abs": float(diff.max())}
 
 
-def sampler_check_applies(*, staleness: int, sampling: dict[str, Any] | None, tolerance: float | None) -> str | None:
+def sampler_check_applies(*, staleness: int, sampling: dict[str, Any] | None, tolerance: float | None,
+                          keep_sampling_mask: bool) -> str | None:
     """Why train's sampler check is skipped for these rollouts, or None when it applies.
 
     It applies when the sampler was the very policy train starts from (staleness 0: an overlapped
-    run samples with an older one, and the gap is the importance weight) and sampled from the full
-    softmax (top-k/top-p renormalise the sampler's log-probs, a gap by construction; ALGORITHMS.md).
+    run samples with an older one, and the gap is the importance weight) and train's log pi_old is
+    over the sampler's distribution: the full softmax, or with top-k/top-p the truncated one that
+    the keep sampling mask recomputes (without it, the renormalised sampler log-probs differ by
+    construction; ALGORITHMS.md).
     """
     if tolerance is None:
         return "train.max_sampler_mismatch is null"
     if staleness:
         return f"sampled {staleness} version(s) behind the trainer (overlapped)"
-    if sampling and (int(sampling.get("top_k", 0)) > 0 or float(sampling.get("top_p", 1.0)) < 1.0):
-        return "top-k/top-p sampling renormalises the sampler's log-probs"
+    truncated = sampling and (int(sampling.get("top_k", 0)) > 0 or float(sampling.get("top_p", 1.0)) < 1.0)
+    if truncated and not keep_sampling_mask:
+        return "top-k/top-p sampling renormalises the sampler's log-probs (train.keep_sampling_mask is off)"
     return None
 
 

@@ -28,6 +28,8 @@ def test_modes_by_hand_with_nan_padding():
     assert agg(loss, mask, "seq-mean-token-mean", **totals).item() == pytest.approx((6 / 3 + 4 / 1) / 2)  # 3
     assert agg(loss, mask, "seq-mean-token-sum", **totals).item() == pytest.approx((6 + 4) / 2)  # 5
     assert agg(loss, mask, "seq-mean-token-sum-norm", **totals).item() == pytest.approx((6 + 4) / (4 * 2))  # 1.25
+    assert agg(loss, mask, "token-sum", **totals).item() == pytest.approx(1 + 2 + 3 + 4)  # 10: verl's token-sum
+    assert agg(loss, mask, "token-sum").item() == pytest.approx(10.0)  # it needs no normaliser
 
 
 def test_normalisers_are_the_callers():

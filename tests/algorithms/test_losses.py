@@ -6,7 +6,11 @@ import torch
 
 from rlpipe.algorithms.aggregation import aggregate_loss
 from rlpipe.algorithms.losses import (
+    POLICY_LOSS_OPTIONS,
     POLICY_LOSSES,
+    cispo_loss,
+    gmpo_loss,
+    sapo_loss,
     entropy_from_logits,
     get_policy_loss,
     gspo_loss,
@@ -22,6 +26,15 @@ from rlpipe.algorithms.losses import (
 )
 
 CLIP = dict(eps_low=0.2, eps_high=0.2, dual_clip_c=None)
+NO_DUAL_CLIP = ("cispo", "sapo", "gmpo")
+OPTIONS = {"ratio_cap": 4.0, "tau_pos": 1.0, "tau_neg": 1.05}
+
+
+def keywords(name, **clip):
+    """The shared clip keywords plus the loss's own options; dual clip off where the loss has none."""
+    if name in NO_DUAL_CLIP:
+        clip = {**clip, "dual_clip_c": None}
+    return {**clip, **{k: OPTIONS[k] for k in POLICY_LOSS_OPTIONS[name]}}
 
 
 def row(*values, grad=False):
@@ -174,6 +187,119 @@ def test_gspo_token_uses_each_token_advantage():
     torch.testing.assert_close(grad, torch.tensor([[-1.0, 2.0]]))
 
 
+@pytest.mark.parametrize("clamp, loss_per_token, grad_per_token", [
+    (10.0, math.exp(10.0), 0.0),  # verl: capped value, gradient switched off beyond the clamp
+    (20.0, math.exp(12.0), math.exp(12.0) / 2),  # rlpipe: inside the clamp, s_i * grad log pi / 2 tokens
+    (None, math.exp(12.0), math.exp(12.0) / 2),  # TRL: no clamp
+])
+def test_gspo_token_clamp_on_the_issue_16_example(clamp, loss_per_token, grad_per_token):
+    # old [-1, -1], log pi [11, 11]: log s = 12; A = -1, token-mean over 2 tokens
+    lp = torch.tensor([[11.0, 11.0]], requires_grad=True)
+    old, adv, mask = torch.tensor([[-1.0, -1.0]]), -torch.ones(1, 2), torch.ones(1, 2, dtype=torch.bool)
+    loss, stats = gspo_token_loss(lp, old, adv, mask, eps_low=0.2, eps_high=0.2, dual_clip_c=None,
+                                  log_ratio_clamp=clamp)
+    total = aggregate_loss(loss, mask, mode="token-mean", total_tokens=2, total_sequences=1, max_length=None)
+    # unclipped -s A = s wins over clip(s) A = -1.2: the loss is s, e^10 = 22026.47 or e^12 = 162754.79
+    assert total.item() == pytest.approx(loss_per_token, rel=1e-6)
+    assert total.item() == pytest.approx(22026.5 if clamp == 10.0 else 162754.8, abs=0.05)
+    (grad,) = torch.autograd.grad(total, lp)
+    torch.testing.assert_close(grad, torch.full((1, 2), grad_per_token), rtol=1e-6, atol=0.0)
+    assert stats["seq_ratio_B"].item() == pytest.approx(loss_per_token, rel=1e-6)
+
+
+def test_gspo_sequence_log_ratio_is_clamped_from_above_only():
+    lp = torch.tensor([[30.0], [-30.0]], requires_grad=True)
+    loss, stats = gspo_loss(lp, torch.zeros(2, 1), torch.tensor([[-1.0], [1.0]]), torch.ones(2, 1), **CLIP,
+                            log_ratio_clamp=10.0)
+    torch.testing.assert_close(stats["seq_ratio_B"], torch.tensor([math.exp(10.0), math.exp(-30.0)]))
+    (grad,) = torch.autograd.grad(loss.sum(), lp)
+    assert grad[0].item() == 0.0  # beyond the clamp
+
+
+def test_ppo_clip_log_ratio_clamp_is_a_keyword_and_none_turns_it_off():
+    lp = torch.tensor([[25.0]], requires_grad=True)
+    adv = -torch.ones(1, 1)
+    loss20, _ = ppo_clip_loss(lp, torch.zeros(1, 1), adv, torch.ones(1, 1), **CLIP)
+    loss_off, stats = ppo_clip_loss(lp, torch.zeros(1, 1), adv, torch.ones(1, 1), **CLIP, log_ratio_clamp=None)
+    assert loss20.item() == pytest.approx(math.exp(20.0), rel=1e-6)
+    assert loss_off.item() == pytest.approx(math.exp(25.0), rel=1e-6)  # TRL: unclamped
+    assert stats["log_ratio_BT"].item() == 25.0
+    with pytest.raises(ValueError, match="log_ratio_clamp"):
+        ppo_clip_loss(lp, torch.zeros(1, 1), adv, torch.ones(1, 1), **CLIP, log_ratio_clamp=0.0)
+
+
+def test_ratio_cap_is_trls_two_sided_clip():
+    # r = e^2 = 7.389, A = -1, delta 4: unclipped min(r, 4) A = -4 < clip(r) A = -1.2 -> loss 4, gradient 0
+    lp = torch.tensor([[2.0]], requires_grad=True)
+    adv = -torch.ones(1, 1)
+    loss, _ = ppo_clip_loss(lp, torch.zeros(1, 1), adv, torch.ones(1, 1), **CLIP, ratio_cap=4.0)
+    assert loss.item() == pytest.approx(4.0)
+    (grad,) = torch.autograd.grad(loss.sum(), lp)
+    assert grad.item() == 0.0
+    plain, _ = ppo_clip_loss(lp, torch.zeros(1, 1), adv, torch.ones(1, 1), **CLIP)
+    assert plain.item() == pytest.approx(math.exp(2.0))
+    # below the cap nothing changes: r = e^0.1 inside [0.8, 1.2], A = 1 -> J = r
+    inside, _ = ppo_clip_loss(torch.tensor([[0.1]]), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), **CLIP,
+                              ratio_cap=4.0)
+    assert inside.item() == pytest.approx(-math.exp(0.1))
+    with pytest.raises(ValueError, match="ratio_cap"):
+        ppo_clip_loss(lp, torch.zeros(1, 1), adv, torch.ones(1, 1), **CLIP, ratio_cap=1.0)
+
+
+# ---------------------------------------------------------------------------- CISPO, SAPO, GMPO
+
+
+def test_cispo_by_hand():
+    # old -1, new -0.5: r = e^0.5 = 1.6487 -> weight clip(r, 0.8, 1.2) = 1.2 (no gradient through it)
+    lp = torch.tensor([[-0.5, -1.0]], requires_grad=True)
+    old = torch.tensor([[-1.0, -1.0]])
+    adv = torch.tensor([[2.0, -1.0]])
+    loss, stats = cispo_loss(lp, old, adv, torch.ones(1, 2), eps_low=0.2, eps_high=0.2, dual_clip_c=None)
+    # token 0: -1.2 * 2 * -0.5 = 1.2; token 1: r = 1, weight 1: -1 * -1 * -1 = -1
+    torch.testing.assert_close(loss, torch.tensor([[1.2, -1.0]]))
+    (grad,) = torch.autograd.grad(loss.sum(), lp)
+    torch.testing.assert_close(grad, torch.tensor([[-2.4, 1.0]]))  # -w A: the clipped token still has a gradient
+    assert stats["clipped_BT"].tolist() == [[True, False]]
+    # TRL's form: no lower bound (eps_low 1), absolute cap 5 (eps_high 4): r = e^-3 stays e^-3
+    loss, _ = cispo_loss(torch.tensor([[-4.0]]), torch.tensor([[-1.0]]), torch.ones(1, 1), torch.ones(1, 1),
+                         eps_low=1.0, eps_high=4.0, dual_clip_c=None)
+    assert loss.item() == pytest.approx(-math.exp(-3.0) * -4.0)
+    with pytest.raises(ValueError, match="dual clip"):
+        cispo_loss(lp, old, adv, torch.ones(1, 2), eps_low=0.2, eps_high=0.2, dual_clip_c=3.0)
+
+
+def test_sapo_by_hand_and_on_policy_gradient_is_ppos():
+    lp = torch.tensor([[0.0, 0.5, 0.0]], requires_grad=True)
+    adv = torch.tensor([[1.0, 1.0, -2.0]])
+    loss, _ = sapo_loss(lp, torch.zeros(1, 3), adv, torch.ones(1, 3), eps_low=0.2, eps_high=0.2, dual_clip_c=None,
+                        tau_pos=1.0, tau_neg=2.0)
+    sig = 1 / (1 + math.exp(-(math.exp(0.5) - 1)))  # tau 1: sigmoid(e^0.5 - 1) = sigmoid(0.6487)
+    # r = 1: f = sigmoid(0) 4 / tau = 2 / tau -> token 0: -2; token 2 (tau_neg 2): f = 1, loss -1 * -2 = 2
+    torch.testing.assert_close(loss, torch.tensor([[-2.0, -4.0 * sig, 2.0]]))
+    (grad,) = torch.autograd.grad(loss.sum(), lp)
+    # on-policy (r = 1) the gate's gradient is 4 sigmoid'(0) r = 1 for every tau: -A, as PPO
+    assert grad[0, 0].item() == pytest.approx(-1.0) and grad[0, 2].item() == pytest.approx(2.0)
+    # token 1: d/dl of -4 sigmoid(e^l - 1) = -4 s (1 - s) e^0.5
+    assert grad[0, 1].item() == pytest.approx(-4 * sig * (1 - sig) * math.exp(0.5), rel=1e-6)
+
+
+def test_gmpo_by_hand():
+    # l = [0.5, -0.1], eps 0.4 (log space)
+    lp = torch.tensor([[0.5, -0.1], [0.5, -0.1]], requires_grad=True)
+    adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
+    loss, stats = gmpo_loss(lp, torch.zeros(2, 2), adv, torch.ones(2, 2), eps_low=0.4, eps_high=0.4, dual_clip_c=None)
+    # A > 0: min(l, clip(l)) = [0.4, -0.1] -> mean 0.15 -> J = e^0.15; A < 0: max(l, clip(l)) = [0.5, -0.1] -> e^0.2
+    torch.testing.assert_close(loss, torch.tensor([[-math.exp(0.15)] * 2, [math.exp(0.2)] * 2]))
+    torch.testing.assert_close(stats["seq_ratio_B"], torch.tensor([math.exp(0.15), math.exp(0.2)]))
+    assert stats["clipped_BT"].tolist() == [[True, False], [False, False]]
+    total = aggregate_loss(loss, torch.ones(2, 2), mode="seq-mean-token-mean", total_tokens=4, total_sequences=2,
+                           max_length=None)
+    assert total.item() == pytest.approx((-math.exp(0.15) + math.exp(0.2)) / 2, rel=1e-6)
+    (grad,) = torch.autograd.grad(total, lp)
+    # the clipped token has no gradient; token 1 of row 0: -(1/2) A e^0.15 / 2 tokens (1/2 from the sequence mean)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, -math.exp(0.15) / 4], [math.exp(0.2) / 4] * 2]))
+
+
 # ---------------------------------------------------------------------------- padding and extremes
 
 
@@ -188,7 +314,8 @@ def test_padding_never_influences_outputs_or_gradients(name):
     results = []
     for extra in (torch.zeros(2, 4), garbage):
         x = (torch.where(mask, lp, extra)).requires_grad_(True)
-        loss, stats = fn(x, torch.where(mask, old, extra), torch.where(mask, adv, extra), mask, **CLIP)
+        loss, stats = fn(x, torch.where(mask, old, extra), torch.where(mask, adv, extra), mask,
+                         **keywords(name, **CLIP))
         (grad,) = torch.autograd.grad(loss.sum(), x)
         results.append((loss, grad, stats))
     (loss0, grad0, stats0), (loss1, grad1, stats1) = results
@@ -208,13 +335,14 @@ def test_extreme_log_ratios_give_finite_loss_and_gradient(name, dual_clip_c):
     mask = torch.tensor([[1, 1], [1, 0], [1, 0]], dtype=torch.bool)
     for sign in (1.0, -1.0):
         adv = sign * torch.ones(3, 2)
-        loss, _ = get_policy_loss(name)(lp, old, adv, mask, eps_low=0.2, eps_high=0.28, dual_clip_c=dual_clip_c)
+        loss, _ = get_policy_loss(name)(lp, old, adv, mask, **keywords(name, eps_low=0.2, eps_high=0.28,
+                                                                       dual_clip_c=dual_clip_c))
         (grad,) = torch.autograd.grad(loss.sum(), lp)
         assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
 
 
 def test_unknown_policy_loss_lists_valid_names():
-    with pytest.raises(ValueError, match=r"\['gspo', 'gspo_token', 'ppo_clip'\]"):
+    with pytest.raises(ValueError, match=r"\['cispo', 'gmpo', 'gspo', 'gspo_token', 'ppo_clip', 'sapo'\]"):
         get_policy_loss("ppo")
 
 

@@ -34,6 +34,16 @@ VARIANTS = {
     "deepseek_v32": {"train.kl_beta": 0.01, "train.kl_importance_weighted": True,
                      "train.off_policy_mask_delta": 0.5, "train.tis_cap": 2.0},
     "ppo": {"advantage.estimator": "gae", "train.loss_aggregation": "token-mean"},
+    # issue 16's losses and estimators, several per variant to keep the matrix short
+    "cispo_batch_std_token_sum_80_20": {"train.policy_loss": "cispo", "train.eps_low": 1.0, "train.eps_high": 4.0,
+                                        "advantage.std_scope": "batch", "train.loss_aggregation": "token-sum",
+                                        "train.top_entropy_quantile": 0.2},
+    "sapo_passk": {"train.policy_loss": "sapo", "advantage.estimator": "grpo_passk"},
+    "gmpo_reinforce_pp_baseline": {"train.policy_loss": "gmpo", "train.eps_low": 0.4, "train.eps_high": 0.4,
+                                   "advantage.estimator": "reinforce_plus_plus_baseline"},
+    "gdpo_verl_profile": {"profile": "verl", "advantage.estimator": "gdpo"},
+    "normalize_then_sum_ratio_cap": {"advantage.estimator": "grpo_normalize_then_sum", "train.ratio_cap": 4.0,
+                                     "advantage.nan_rewards": "zero_advantage"},
     # RLHF: the reward is the trained Bradley-Terry model's score; exact_answer stays at weight 0 for accuracy
     "ppo_reward_model": {
         "advantage.estimator": "gae", "train.loss_aggregation": "token-mean", "reward_model.train": True,
@@ -74,6 +84,14 @@ def test_every_algorithm_runs_one_iteration(project_copy):
             assert train["policy_loss_function"] == "gspo"
         if name == "dapo":
             assert adv["filtered"]["zero_variance_group"] == adv["num_samples"] - adv["num_trained"]
+        if name.split("_")[0] in ("cispo", "sapo", "gmpo"):
+            assert train["policy_loss_function"] == name.split("_")[0], name
+        if name == "cispo_batch_std_token_sum_80_20":
+            assert "high_entropy_threshold" in train and 0 < train["high_entropy_kept_fraction"] < 0.5
+        if name in ("gdpo_verl_profile", "normalize_then_sum_ratio_cap"):
+            assert adv["reward_components"] == 2  # exact_answer and digit_match
+        if name == "normalize_then_sum_ratio_cap":  # no reward of the tiny task is NaN: nothing is left out
+            assert adv.get("unscorable", 0) == 0 and adv["num_trained"] == adv["num_samples"]
         if name == "deepseek_v32":
             assert {"off_policy_masked_fraction", "tis_weight_mean"} <= set(train)
         if name in ("reinforce_plus_plus", "ppo", "ppo_reward_model"):
@@ -136,3 +154,19 @@ def test_ppo_carries_its_critic_and_adaptive_beta_to_the_next_iteration(project_
     assert values.metadata["critic"] == {"path": "state/critic", "fresh_head": False, "critic_version": 1}
     assert read_json(root / "state/critic/rlpipe.json")["critic_version"] == 2
     assert (root / "state/critic.dvc").is_file()
+
+
+def test_top_p_sampling_with_the_keep_sampling_mask(project_copy):
+    """generate.top_p 0.9: the trainer truncates pi_old to the sampler's support, so the sampler-trainer
+    mismatch stays float noise (DeepSeek-V3.2's keep sampling mask; docs/off-policy.md)."""
+    root = project_copy
+    edit_params(root / "params.yaml", {"generate.top_p": 0.9})
+    ran = ran_stages(run(["dvc", "repro"], root).stdout)
+    assert {"generate", "score", "reference_logprob", "advantage", "train", "evaluate"} <= set(ran), ran
+    train = metrics(root, "train")
+    assert train["keep_sampling_mask"] is True and 0.5 < train["sampling_kept_mass_mean"] < 1.0
+    assert train["sampler_mismatch_max_abs"] < 1e-5
+    assert train["optimizer_steps"] > 0 and train["skipped_steps"] == 0
+    edit_params(root / "params.yaml", {"train.keep_sampling_mask": False})  # the peers' full softmax
+    assert ran_stages(run(["dvc", "repro"], root).stdout) == ["train", "evaluate"]
+    assert metrics(root, "train")["sampler_mismatch_mean_abs"] > 1e-3

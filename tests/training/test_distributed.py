@@ -38,6 +38,8 @@ SCENARIOS = {
                                               dict(micro_batch_size=4, dtype="bfloat16")),
     # frozen base weights and trainable adapters in the same FSDP groups (docs/lora.md)
     "lora, tied embeddings": ({"tied": True, "lora": True}, dict(micro_batch_size=2, lora=LORA)),
+    # DeepSeek-V3.2's keep sampling mask: kept sets, truncated log-probs and their gradient through the FSDP root
+    "keep sampling mask (top-k 5)": ({"truncation": (5, 1.0)}, dict(micro_batch_size=2, kl_beta=0.05)),
 }
 MULTI_STEP = dict(epochs=2, minibatch_size=4, micro_batch_size=1, max_grad_norm=0.1)  # 4 steps, clipped
 
@@ -103,6 +105,15 @@ def step_gradients(options: dict, overrides: dict, dist: Dist | None) -> dict[st
     model.eval()
     d = scenario_data(critic is not None)
     d.old_logprobs = [lp - 0.1 * (i % 3) for i, lp in enumerate(d.ref_logprobs)]  # some ratios clip
+    if options.get("truncation"):  # pi_old's kept sets, from an unsharded copy of the same weights
+        from rlpipe.engines.truncation import batched_kept_sets
+
+        top_k, top_p = options["truncation"]
+        truncated, d.kept, old_full, _ = batched_kept_sets(tiny(tied=options.get("tied", False)), d.prompt_token_ids,
+                                                           d.completion_token_ids, temperature=0.7, top_k=top_k,
+                                                           top_p=top_p, max_tokens_per_batch=64, chunk_size=3)
+        d.old_logprobs = [lp - 0.1 * (i % 3) for i, lp in enumerate(truncated)]
+        d.old_logprobs_full = [lp - 0.1 * (i % 3) for i, lp in enumerate(old_full)]
     n = len(d.completion_token_ids)
     norm = Normalisers(sum(len(c) for c in d.completion_token_ids), n, 6)
     micro = [list(range(s, min(s + cfg.micro_batch_size, n))) for s in range(0, n, cfg.micro_batch_size)]
@@ -120,7 +131,8 @@ def trained(options: dict, overrides: dict, dist: Dist | None, *, resume=None, s
     cfg = config(**overrides)
     model, critic, sharded = build(options, dist)
     result = train_policy(model, scenario_data(critic is not None, poisoned), cfg, temperature=0.7, pad_token_id=PAD, seed=3,
-                          iteration=0, max_length=6, critic=critic, dist=sharded, resume=resume, save_state=save_state)
+                          iteration=0, max_length=6, critic=critic, dist=sharded, resume=resume, save_state=save_state,
+                          truncation=options.get("truncation"))
     weights = model.state_dict() if sharded is None else sharded.state(model)[0]
     return {"steps": result.steps, "metrics": result.metrics, "old": result.old_logprobs,
             "entropy": result.old_entropy, "new": result.new_logprobs,

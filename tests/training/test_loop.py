@@ -32,7 +32,9 @@ def config(**over):
                 device="cpu", dtype="float32", chunk_size=3, max_skipped_steps=0,
                 checkpoint_every_steps=0, checkpoint_every_s=0.0, checkpoint_fsync=False, save_dtype="auto",
                 master_weights="auto", gspo_form="sequence", kl_importance_weighted=False,
-                kl_log_ratio_clamp=20.0, kl_value_clamp=10.0, token_mean_scope="minibatch",
+                kl_log_ratio_clamp=20.0, kl_value_clamp=10.0, kl_clamp_scope="every_estimator",
+                token_mean_scope="minibatch", off_policy_mask_scope="whole_loss", ratio_cap=None, sapo_tau_pos=1.0,
+                sapo_tau_neg=1.05, policy_log_ratio_clamp=20.0, gspo_log_ratio_clamp=20.0, top_entropy_quantile=1.0, keep_sampling_mask=True,
                 off_policy_mask_delta=None, tis_cap=None, target_kl=None, gradient_checkpointing=False,
                 compile_layers=False, max_sampler_mismatch=None, lora=NO_LORA,
                 critic=CriticTrainConfig(lr=1e-2, value_coef=0.5, value_clip_eps=0.2, max_grad_norm=1e9))

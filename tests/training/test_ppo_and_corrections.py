@@ -57,6 +57,44 @@ def test_off_policy_mask_drops_exactly_the_drifted_negative_sequences():
     assert health[0]["off_policy_masked_fraction"] == pytest.approx(len(negative) / 8)
 
 
+def test_trl_off_policy_mask_keeps_the_kl():
+    """off_policy_mask_scope "policy_term" (TRL): a masked sequence's policy term goes, its KL stays."""
+    d = with_old(data(), shift=0.2)  # pi_theta != pi_old, so the k3 KL to the reference has a gradient
+    d.sampler_logprobs = [o + 1.0 for o in d.old_logprobs]  # every row drifted; the A < 0 rows are masked
+    negative = [i for i, a in enumerate(d.sequence_advantages) if a < 0]
+    assert negative
+    kl_only = dict(kl_beta=0.1, entropy_coef=0.0, off_policy_mask_delta=0.5)
+    trl, _ = grads(config(**kl_only, off_policy_mask_scope="policy_term"), d, micro=8)
+    whole, _ = grads(config(**kl_only), d, micro=8)
+    # the same step without the mask and with the negative rows' advantages zeroed: policy terms of the
+    # kept rows + every row's KL
+    for i in negative:
+        d.token_advantages[i] = np.zeros_like(d.token_advantages[i])
+    expected, _ = grads(config(kl_beta=0.1, entropy_coef=0.0), d, micro=8)
+    assert torch.allclose(trl, expected, atol=1e-7)
+    assert not torch.allclose(whole, expected, atol=1e-5)  # rlpipe's scope drops the masked rows' KL too
+
+
+def test_high_entropy_mask_trains_the_policy_term_of_kept_tokens_only():
+    d = with_old(data(), shift=0.1)
+    rng = np.random.default_rng(0)
+    d.entropy_keep = [rng.random(len(a)) < 0.5 for a in d.token_advantages]
+    plain = dict(kl_beta=0.0, entropy_coef=0.0)
+    masked, health = grads(config(**plain), d, micro=8)
+    kept = np.concatenate(d.entropy_keep)
+    assert health[0]["high_entropy_kept_fraction"] == pytest.approx(kept.mean())
+    # the same as zeroing the advantage of the dropped tokens (ratios are not 1, so their loss is not 0 either)
+    d.token_advantages = [np.where(k, a, 0.0).astype(np.float32) for k, a in zip(d.entropy_keep, d.token_advantages)]
+    d.entropy_keep = None
+    expected, _ = grads(config(**plain), d, micro=8)
+    assert masked.abs().max() > 1e-4 and torch.allclose(masked, expected, atol=1e-7)
+    # the loop sets the mask from pi_old's entropies: half the tokens at rho 0.5
+    _, result = trained(config(**plain, top_entropy_quantile=0.5), data())
+    assert 0.4 <= result.metrics["high_entropy_kept_fraction"] <= 0.6
+    assert result.metrics["high_entropy_threshold"] == pytest.approx(
+        float(np.quantile(np.concatenate(result.old_entropy), 0.5)))
+
+
 def test_truncated_importance_weights_scale_the_policy_gradient():
     cfg = config(kl_beta=0.0, entropy_coef=0.0)
     d = with_old(data())
