@@ -66,7 +66,7 @@ MATCHING_DEFAULTS: dict[str, dict[str, Any]] = {
         "train.kl_estimator": "k3",  # the only one TRL's GRPO has
         "train.kl_beta": 0.0,  # beta
         "train.epochs": 1,  # num_iterations
-        "train.kl_importance_weighted": False,  # use_bias_correction_kl (False at f2cd577; see the note)
+        "train.kl_importance_weighted": True,  # use_bias_correction_kl: True in TRL 1.16.0 (False at f2cd577)
         "train.keep_sampling_mask": False,  # the trainer's log-probs are of the full softmax
     },
     "verl": {
@@ -136,8 +136,9 @@ PROFILE_NOTES: dict[str, dict[str, str]] = {
                                   "(grpo/dr_grpo count empty rows too, rlpipe does not)",
         "train.off_policy_mask_scope": "the off-policy mask multiplies the policy term only; beta * KL is added "
                                        f"afterwards, so a masked sequence keeps its KL ({_GRPO}#L3111-L3121)",
-        "train.kl_importance_weighted": "use_bias_correction_kl defaults to False at f2cd577; the issue reports "
-                                        "True in TRL 1.16: write train.kl_importance_weighted to match a run",
+        "train.kl_importance_weighted": "use_bias_correction_kl defaults to True in TRL 1.16.0 (grpo_config.py; "
+                                        "grpo_trainer.py multiplies the k3 KL by the token ratio, which only "
+                                        "matters with beta > 0); it was False at f2cd577",
     },
     "verl": {
         "source": "verl-project/verl v0.9.0 (commit 483b8a0), verl/trainer/ppo/core_algos.py, "
