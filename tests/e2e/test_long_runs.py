@@ -143,8 +143,8 @@ def crash_at(monkeypatch, point: str) -> None:
         monkeypatch.setattr(rlpipe.iterate, "set_params", boom)
     elif point == "after params.yaml is rewritten":
         real_commit = rlpipe.iterate._commit
-        monkeypatch.setattr(rlpipe.iterate, "_commit", lambda root, message, params, *, tag: boom()
-                            if message.startswith("rlpipe: start") else real_commit(root, message, params, tag=tag))
+        monkeypatch.setattr(rlpipe.iterate, "_commit", lambda root, message, params, **kw: boom()
+                            if message.startswith("rlpipe: start") else real_commit(root, message, params, **kw))
 
 
 @pytest.mark.parametrize("point", ["after the iteration is tagged", "before `dvc add state/policy`",
