@@ -204,7 +204,9 @@ def test_prepare_from_user_files(ws):
     frame = read_artifact(ws / "out/train.parquet", PROMPTS).frame
     assert frame["prompt"].to_list() == ["12+30=", "1+1="]
     assert frame["answer"].to_list() == ["42", "2"]
-    assert [json.loads(m) for m in frame["metadata"]] == [{"level": 1}, {"level": 2}]
+    # every column of the file, the raw prompt and answer included, reaches the rewards (issue 15)
+    assert [json.loads(m) for m in frame["metadata"]] == [{"answer": "42", "level": 1, "prompt": "12+30="},
+                                                          {"answer": "2", "level": 2, "prompt": "1+1="}]
     assert frame["prompt_token_ids"][1].len() == 5  # <bos> + 4 characters
     assert not (ws / "out/model").exists()
 
