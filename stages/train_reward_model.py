@@ -51,8 +51,11 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     if reason is not None:
         with timer.phase("write"):
             write_placeholder(out, reason=reason)
-        stage.write_metrics(metrics, "train_reward_model", {"kind": "none", "reason": reason, "num_pairs": 0}, timer)
-        stage.summary_line("train_reward_model", pairs=0, model="none", seconds=timer.report()["total"])
+        pairs_in_file = prefs.frame.height
+        stage.write_metrics(metrics, "train_reward_model", {"kind": "none", "reason": reason, "num_pairs": pairs_in_file},
+                            timer)
+        stage.summary_line("train_reward_model", pairs=pairs_in_file, model="none",
+                           **({"train": "false"} if not cfg.train else {}), seconds=timer.report()["total"])
         return
     with timer.phase("read"):
         pairs = PreferencePairs.from_frame(prefs.frame)

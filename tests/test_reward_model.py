@@ -259,7 +259,8 @@ def test_stage_with_training_off_writes_a_placeholder_without_loading_a_model(pr
     assert [p.name for p in (tmp_path / "rm").iterdir()] == ["rlpipe.json"]
     info = json.loads((tmp_path / "rm/rlpipe.json").read_text())
     assert info["kind"] == "none" and "reward_model.train is false" in info["reason"]
-    assert read_json(tmp_path / "metrics.json")["num_pairs"] == 0
+    assert read_json(tmp_path / "metrics.json")["num_pairs"] == prefs.height  # in the file, none trained on
+    assert f"pairs={prefs.height} model=none train=false" in out
     with pytest.raises(ArtifactError, match=r"no reward model was trained .*reward_model\.train is false"):
         score_rows(rollout_rows(prefs, 2), score_cfg(tmp_path / "rm"))
 
