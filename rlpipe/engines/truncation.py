@@ -149,24 +149,18 @@ def batched_kept_sets(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
                       ) -> tuple[list[np.ndarray], KeptSets, list[np.ndarray], list[np.ndarray]]:
     """(truncated log-probs, kept sets, full log-probs, entropies) of every completion (`batch_kept_sets`),
     in input order: one no-grad pass over the packed token-budget batches of `batched_completion_logprobs`."""
-    lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
     truncated: list = [None] * len(prompts)
     full: list = [None] * len(prompts)
     entropy: list = [None] * len(prompts)
     kept: list = [None] * len(prompts)
-    device = next(model.parameters()).device
-    autocast = (torch.autocast(device_type=device.type, dtype=autocast_dtype) if autocast_dtype is not None
-                else nullcontext())
-    with torch.inference_mode(), eval_mode(model), autocast:
-        for indices in token_budget_batches(lengths, max_tokens_per_batch, packed=True):
-            batch = make_packed_batch([prompts[i] for i in indices], [completions[i] for i in indices])
-            grids = batch_kept_sets(model, batch, temperature=temperature, top_k=top_k, top_p=top_p,
-                                    chunk_size=chunk_size)
-            for j, i in enumerate(indices):
-                kept[i] = grids[3][j]
-            for grid, out in zip(grids[:3], (truncated, full, entropy)):
-                for i, row in zip(indices, unpad(grid, batch.completion_lengths)):
-                    out[i] = row
+    for indices, batch in _packed_no_grad(model, prompts, completions, max_tokens_per_batch, autocast_dtype):
+        grids = batch_kept_sets(model, batch, temperature=temperature, top_k=top_k, top_p=top_p,
+                                chunk_size=chunk_size)
+        for j, i in enumerate(indices):
+            kept[i] = grids[3][j]
+        for grid, out in zip(grids[:3], (truncated, full, entropy)):
+            for i, row in zip(indices, unpad(grid, batch.completion_lengths)):
+                out[i] = row
     return truncated, kept, full, entropy
 
 
@@ -175,17 +169,25 @@ def batched_truncated_logprobs(model: torch.nn.Module, prompts: Sequence[Sequenc
                                max_tokens_per_batch: int, chunk_size: int,
                                autocast_dtype: torch.dtype | None = None) -> list[np.ndarray]:
     """Log-probs of every completion truncated to the given kept sets (e.g. pi_new on pi_old's S_t), no grad."""
-    lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
     out: list = [None] * len(prompts)
+    for indices, batch in _packed_no_grad(model, prompts, completions, max_tokens_per_batch, autocast_dtype):
+        _, _, truncated_BC = completion_logprobs_truncated(model, batch, [kept[i] for i in indices],
+                                                           temperature=temperature, chunk_size=chunk_size,
+                                                           with_entropy=False)
+        for i, row in zip(indices, unpad(truncated_BC, batch.completion_lengths)):
+            out[i] = row
+    return out
+
+
+def _packed_no_grad(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
+                    completions: Sequence[Sequence[int]], max_tokens_per_batch: int,
+                    autocast_dtype: torch.dtype | None):
+    """(row indices, packed batch) of `batched_completion_logprobs`' token-budget batches, yielded inside
+    no-grad, eval mode and the optional autocast: the one loop both batched truncation passes run."""
+    lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
     device = next(model.parameters()).device
     autocast = (torch.autocast(device_type=device.type, dtype=autocast_dtype) if autocast_dtype is not None
                 else nullcontext())
     with torch.inference_mode(), eval_mode(model), autocast:
         for indices in token_budget_batches(lengths, max_tokens_per_batch, packed=True):
-            batch = make_packed_batch([prompts[i] for i in indices], [completions[i] for i in indices])
-            _, _, truncated_BC = completion_logprobs_truncated(model, batch, [kept[i] for i in indices],
-                                                               temperature=temperature, chunk_size=chunk_size,
-                                                               with_entropy=False)
-            for i, row in zip(indices, unpad(truncated_BC, batch.completion_lengths)):
-                out[i] = row
-    return out
+            yield indices, make_packed_batch([prompts[i] for i in indices], [completions[i] for i in indices])

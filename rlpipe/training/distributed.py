@@ -136,25 +136,9 @@ class ShardedTraining:
         The packed token-budget batches `batched_completion_logprobs` makes, dealt round-robin: each
         sequence shares its batch, and so its rounding, with the same sequences as in one process.
         """
-        lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
-        batches = token_budget_batches(lengths, max_tokens_per_batch, packed=True)
-        mine = []
-        with torch.no_grad():
-            for rows in self.share(batches):
-                pick = rows if rows is not None else batches[-1]  # a dummy pass on the shortest batch
-                batch = make_packed_batch([prompts[i] for i in pick], [completions[i] for i in pick])
-                logprobs_BC, entropy_BC = self.root(batch, temperature=temperature, chunk_size=chunk_size,
-                                                    with_entropy=with_entropy)
-                if rows is not None:
-                    mine.append((rows, unpad(logprobs_BC, batch.completion_lengths),
-                                 unpad(entropy_BC, batch.completion_lengths) if with_entropy else None))
-        logprobs: list[Any] = [None] * len(prompts)
-        entropies: list[Any] = [None] * len(prompts)
-        for rows, logprob_rows, entropy_rows in self.in_order(mine):
-            for k, i in enumerate(rows):
-                logprobs[i] = logprob_rows[k]
-                if with_entropy:
-                    entropies[i] = entropy_rows[k]
+        out = self._over_batches(prompts, completions, max_tokens_per_batch, lambda batch, pick: self.root(
+            batch, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy))
+        logprobs, entropies = out if out else ([], [])  # no sequences: no batches, nothing gathered
         return logprobs, (entropies if with_entropy else None)
 
     def completion_logprobs_truncated(self, model, batch, kept, *, temperature: float, chunk_size: int,
