@@ -94,16 +94,16 @@ def kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def test_a_killed_train_stage_resumes_and_ends_with_the_same_weights(ws):  # noqa: F811
-    """SIGKILL after the first resume state appears; the rerun resumes there and writes the same bytes."""
-    edit_params(ws / "params.yaml", {"train.epochs": 4, "train.minibatch_size": 2, "train.micro_batch_size": 2,
-                                     "train.checkpoint_every_steps": 10})
-    python = [sys.executable, str(REPO / "stages/train.py")]
+def kill_train_at_its_first_resume_state_and_rerun(ws: Path, params: dict) -> Path:
+    """Train once uninterrupted (outputs in ws/full), then again to ws/out, SIGKILLed as soon as its first
+    resume state appears, then rerun there; return that resume state's directory (gone after the rerun)."""
+    edit_params(ws / "params.yaml", params)
     outs = {"--checkpoint": "checkpoint", "--token-stats": "token_stats.parquet", "--metrics": "train.json",
             "--steps": "train_steps.csv"}
     full_args = stage_args(ws, "train", **{"--resume-root": str(ws / "resume_full")},
                            **{k: str(ws / "full" / v) for k, v in outs.items()})
-    subprocess.run([*python, *full_args], cwd=ws, env=env(), check=True, capture_output=True)
+    subprocess.run([sys.executable, str(REPO / "stages/train.py"), *full_args], cwd=ws, env=env(), check=True,
+                   capture_output=True)
     assert not list((ws / "resume_full").glob("train-*"))  # cleared on success
 
     args = stage_args(ws, "train", **{"--resume-root": str(ws / "resume")})
@@ -114,14 +114,25 @@ def test_a_killed_train_stage_resumes_and_ends_with_the_same_weights(ws):  # noq
     kill(proc)
     assert proc.returncode == -signal.SIGKILL, "the stage finished before its first resume state"
     assert not (ws / "out/checkpoint").exists()
+    state = next((ws / "resume").glob("train-*/state.pt"))
+    state_bytes = state.read_bytes()
     rerun = subprocess.run([sys.executable, str(REPO / "stages/train.py"), *args], cwd=ws, env=env(),
                            capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr
+    assert not list((ws / "resume").glob("train-*"))
+    kept = ws / "killed_state.pt"
+    kept.write_bytes(state_bytes)
+    return kept
+
+
+def test_a_killed_train_stage_resumes_and_ends_with_the_same_weights(ws):  # noqa: F811
+    """SIGKILL after the first resume state appears; the rerun resumes there and writes the same bytes."""
+    kill_train_at_its_first_resume_state_and_rerun(ws, {
+        "train.epochs": 4, "train.minibatch_size": 2, "train.micro_batch_size": 2, "train.checkpoint_every_steps": 10})
     m = json.loads((ws / "out/train.json").read_text())
     assert m["resumed_from_step"] > 0 and m["optimizer_steps"] == 4 * 32
     for name in ("checkpoint/model.safetensors", "token_stats.parquet", "train_steps.csv"):
         assert (ws / "out" / name).read_bytes() == (ws / "full" / name).read_bytes(), name
-    assert not list((ws / "resume").glob("train-*"))
 
 
 def test_a_resume_state_of_other_params_is_not_used(ws):  # noqa: F811

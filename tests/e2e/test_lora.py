@@ -127,38 +127,15 @@ def test_overlapped_lora_iterations_sample_with_the_older_adapter(tmp_path):
 def test_a_killed_lora_train_resumes_and_writes_the_same_adapter(ws):  # noqa: F811
     """SIGKILL after the first resume state (adapter weights only, with dropout's generator); the rerun writes
     the adapter an uninterrupted run writes, byte for byte."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from tests.e2e.conftest import edit_params, env
-    from tests.e2e.test_fault_injection import kill, start
-    from tests.e2e.test_stage_errors import REPO, stage_args
-
-    edit_params(ws / "params.yaml", {"train.epochs": 4, "train.minibatch_size": 2, "train.micro_batch_size": 2,
-                                     "train.checkpoint_every_steps": 10, "train.lora.rank": 4,
-                                     "train.lora.alpha": 8.0, "train.lora.dropout": 0.1, "train.lr": 1.0e-3})
-    outs = {"--checkpoint": "checkpoint", "--token-stats": "token_stats.parquet", "--metrics": "train.json",
-            "--steps": "train_steps.csv"}
-    full_args = stage_args(ws, "train", **{"--resume-root": str(ws / "resume_full")},
-                           **{k: str(ws / "full" / v) for k, v in outs.items()})
-    subprocess.run([sys.executable, str(REPO / "stages/train.py"), *full_args], cwd=ws, env=env(), check=True,
-                   capture_output=True)
-    args = stage_args(ws, "train", **{"--resume-root": str(ws / "resume")})
-    proc = start(["python", str(REPO / "stages/train.py"), *args], ws)
-    deadline = time.monotonic() + 120
-    while not list((ws / "resume").glob("train-*/state.pt")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    kill(proc)
-    assert proc.returncode == -signal.SIGKILL, "the stage finished before its first resume state"
     import torch
 
-    state = torch.load(next((ws / "resume").glob("train-*/state.pt")), weights_only=True)
+    from tests.e2e.test_fault_injection import kill_train_at_its_first_resume_state_and_rerun
+
+    killed_state = kill_train_at_its_first_resume_state_and_rerun(ws, {
+        "train.epochs": 4, "train.minibatch_size": 2, "train.micro_batch_size": 2, "train.checkpoint_every_steps": 10,
+        "train.lora.rank": 4, "train.lora.alpha": 8.0, "train.lora.dropout": 0.1, "train.lr": 1.0e-3})
+    state = torch.load(killed_state, weights_only=True)
     assert state["model"] and all("lora_" in k for k in state["model"]), "only the adapter is in the state"
-    rerun = subprocess.run([sys.executable, str(REPO / "stages/train.py"), *args], cwd=ws, env=env(),
-                           capture_output=True, text=True)
-    assert rerun.returncode == 0, rerun.stderr
     assert json.loads((ws / "out/train.json").read_text())["resumed_from_step"] > 0
     for name in ("checkpoint/adapter_model.safetensors", "checkpoint/adapter_config.json", "checkpoint/rlpipe.json",
                  "token_stats.parquet", "train_steps.csv"):
