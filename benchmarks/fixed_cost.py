@@ -141,7 +141,8 @@ def setup(work: Path, args) -> None:
             settings = json.loads(json.dumps(settings).replace('"cuda"', '"cpu"').replace('"bfloat16"', '"float32"'))
         params = merge(params, settings)
         dvc_yaml = user_mode_dvc_yaml(dvc_yaml)
-    params = merge(params, {"worker": {"stage_server": args.servers, "engine_server": "auto" if args.servers else False}})
+    params = merge(params, {"worker": {"stage_server": args.servers, "engine_server": "auto" if args.servers else False,
+                                       "generate_devices": args.generate_devices, "train_devices": args.train_devices}})
     if args.lora_rank:  # train a LoRA adapter (docs/lora.md) at ~10x the full fine-tuning learning rate
         params = merge(params, {"train": {"lora": {"rank": args.lora_rank},
                                           "lr": params["train"]["lr"] * 10}})
@@ -179,6 +180,8 @@ def main() -> None:
                     help="generate.vllm.gpu_memory_utilization (lower it when train shares the GPU at the same time)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the --shape workload on the CPU "
                                                                             "(to check the script; use --shape check)")
+    ap.add_argument("--generate-devices", help='worker.generate_devices, e.g. "0": generation on its own GPUs')
+    ap.add_argument("--train-devices", help='worker.train_devices, e.g. "1": the other stages on these GPUs')
     ap.add_argument("--lora-rank", type=int, default=0, help="R > 0: train.lora.rank R (and 10x train.lr)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args()

@@ -2,7 +2,8 @@
 
     python benchmarks/fsdp_check.py --out single.json                      # one GPU (or --device cpu)
     torchrun --standalone --nproc_per_node 2 benchmarks/fsdp_check.py --out fsdp.json --compare single.json
-    (--compile-layers in both: decoder layers compiled before sharding, as the train stage does on CUDA)
+    (--compile-layers in both: decoder layers compiled before sharding, as the train stage does on CUDA;
+    --lora-rank R in both: a rank-R all-linear LoRA adapter trained over the frozen model)
 
 A random-weight Qwen2.5-0.5B-shaped model (hidden 896, 24 layers, 14 heads / 2 KV heads,
 intermediate 4864, vocab 151936, tied embeddings; `--tiny` for a small one to try the script on
@@ -18,6 +19,7 @@ until torch.compile goes dynamic). Imports no polars (not in the GPU image).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -90,6 +92,8 @@ def main() -> None:
     parser.add_argument("--minibatch", type=int, default=32, help="sequences per optimizer step")
     parser.add_argument("--micro-batch", type=int, default=4, help="sequences per forward (packed)")
     parser.add_argument("--compile-layers", action="store_true", help="compile_decoder_layers before sharding")
+    parser.add_argument("--lora-rank", type=int, default=0, help="R > 0: train a rank-R all-linear LoRA adapter "
+                        "(train.lora.rank R) over the frozen model, as the train stage does")
     args = parser.parse_args()
 
     dist = start(args.device)
@@ -97,6 +101,11 @@ def main() -> None:
     model = build_model(TINY if args.tiny else QWEN_05B, device)
     data = synthetic(model.config.vocab_size, args.sequences, tiny=args.tiny)
     cfg = train_config(device, args.epochs, args.minibatch, args.micro_batch)
+    if args.lora_rank:  # as the train stage does: PEFT injects the adapter, the loop trains the causal LM inside
+        from rlpipe.lora.peft_model import wrap_for_training
+
+        cfg = dataclasses.replace(cfg, lr=1e-5, lora=dataclasses.replace(cfg.lora, rank=args.lora_rank))
+        model = wrap_for_training(model, cfg.lora).get_base_model()
     if args.compile_layers:  # as the train stage does: compile in place, then shard
         from rlpipe.engines.logprobs import compile_decoder_layers
 
@@ -129,6 +138,7 @@ def main() -> None:
     peaks = dist.gather(peak_gib) if dist is not None else [peak_gib]
     report = {
         "world_size": dist.world_size if dist is not None else 1, "compiled_layers": args.compile_layers,
+        "lora_rank": args.lora_rank, "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "torch": torch.__version__, "device": torch.cuda.get_device_name() if on_cuda else "cpu",
         "steps": [{k: s[k] for k in ("loss", "grad_norm", "approx_kl", "clip_fraction", "tokens")}
                   for s in result.steps],
