@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Callable
 
@@ -72,7 +72,7 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
                             if params.iteration + 1 < until:
                                 with clock("start_ahead"):
                                     _start_ahead(ahead, root, params, params_file, running.env_for_sampling())
-                        with clock("repro"):
+                        with clock("repro"), running.for_training(params):
                             _repro(root, params.iteration, until, None)
                         reproduced = True
                     with clock("advance"):
@@ -128,6 +128,9 @@ class _Clock:
 class _NoServers:
     def __enter__(self) -> "_NoServers":
         return self
+
+    def for_training(self, params) -> AbstractContextManager:
+        return nullcontext()
 
     def __exit__(self, *exc) -> None:
         pass

@@ -3,17 +3,25 @@
 The stage server is started for every run (``worker.stage_server``); the engine server only where
 an engine is worth keeping (``worker.engine_server: auto`` = when generation runs on vLLM) and only
 once the policy directory exists (the tiny default's ``prepare`` creates it in iteration 0).
+
+Overlapped runs with generation on GPUs of its own (``worker.generate_devices`` and
+``worker.train_devices`` set and different) get a second engine server, the *train engine*, on the
+training GPUs: the generation engine is busy sampling the next iteration for minutes, and evaluate
+would queue behind it (33-43 s an iteration on 2 H100s, BENCHMARKS.md). The train engine sleeps
+(vLLM sleep mode) whenever it is not serving, so train gets the GPU memory.
 """
 from __future__ import annotations
 
 import json
 import os
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
+from typing import Iterator
 from pathlib import Path
 
 from rlpipe.config import Params
 from rlpipe.lora.adapter import is_adapter_dir, is_policy_dir, model_dir_of
 from rlpipe.worker import lifecycle, wire
+from rlpipe.worker.engine_client import ENV_SERVER as ENGINE_SERVER_ENV
 
 
 def warm_dirs(root: Path, params: Params) -> list[str]:
@@ -39,6 +47,13 @@ def wants_engine_server(params: Params) -> bool:
     return bool(setting)
 
 
+def wants_train_engine(params: Params) -> bool:
+    """Overlapped, with generation and training on different GPUs, and an engine server wanted at all."""
+    w = params.worker
+    return (params.policy.max_staleness >= 1 and w.generate_devices is not None and w.train_devices is not None
+            and w.generate_devices != w.train_devices and wants_engine_server(params))
+
+
 def engine_server_args(root: Path, params: Params) -> list[str]:
     from rlpipe.generate import choose_engine
     from rlpipe.worker.engine_client import engine_settings
@@ -61,6 +76,7 @@ class RunServers:
         self.root = Path(root).resolve()
         self.stack = ExitStack()
         self.engine_started = False
+        self.train_engine_started = False
         self.params = params
 
     def __enter__(self) -> "RunServers":
@@ -83,6 +99,30 @@ class RunServers:
             env["CUDA_VISIBLE_DEVICES"] = params.worker.generate_devices
         self.stack.enter_context(lifecycle.serving("engine", self.root, engine_server_args(self.root, params), env=env))
         self.engine_started = True
+
+    @contextmanager
+    def for_training(self, params: Params) -> Iterator[None]:
+        """The main pipeline's stages after sampling (train, evaluate) use the train engine, where one is wanted:
+        started here once (the training GPUs are free between iterations' stages), asleep between requests."""
+        if not (self.engine_started and wants_train_engine(params)):
+            yield
+            return
+        if not self.train_engine_started:
+            env = dict(os.environ)
+            env["CUDA_VISIBLE_DEVICES"] = params.worker.train_devices
+            args = engine_server_args(self.root, params)
+            self.stack.enter_context(lifecycle.serving("train-engine", self.root,
+                                                       args + ([] if "--sleep" in args else ["--sleep"]), env=env))
+            self.train_engine_started = True
+        old = os.environ.get(ENGINE_SERVER_ENV)
+        os.environ[ENGINE_SERVER_ENV] = wire.printable(wire.address("train-engine", self.root))
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(ENGINE_SERVER_ENV, None)
+            else:
+                os.environ[ENGINE_SERVER_ENV] = old
 
     def env_for_sampling(self) -> dict[str, str]:
         """The environment of a process that runs sampling stages elsewhere in the project (the prefetch of

@@ -22,7 +22,7 @@ With ``--sleep`` (vLLM only), the engine frees its GPU memory between requests (
 weights and KV cache dropped, CUDA graphs kept) so that train and reference_logprob on the same GPU
 get all of it; the next request wakes it and loads the weights it names.
 
-    python -P -m rlpipe.worker.engine_server --project DIR --settings JSON --model DIR [--sleep] [--max-lora-rank R]
+    python -P -m rlpipe.worker.engine_server --project DIR --settings JSON --model DIR [--sleep] [--max-lora-rank R] [--kind engine|train-engine]
 """
 from __future__ import annotations
 
@@ -197,7 +197,7 @@ def _serve(listener, host: EngineHost, log) -> None:
                 wire.send_json(conn, {"pid": os.getpid(), "served": served, "settings": host.settings,
                                       "start_seconds": round(host.start_seconds, 3), "asleep": host.asleep})
                 if command == "stop":
-                    print("rlpipe engine server: stopped on request", file=log, flush=True)
+                    print(f"rlpipe engine server: stopped on request after serving {served} request(s)", file=log, flush=True)
                     return
                 continue
             request = pickle.loads(payload)
@@ -243,6 +243,8 @@ def main() -> None:
     parser.add_argument("--settings", required=True, help="engine settings as JSON (rlpipe.worker.engine_client)")
     parser.add_argument("--model", required=True, help="model directory to start the engine with")
     parser.add_argument("--sleep", action="store_true", help="vLLM: free GPU memory between requests")
+    parser.add_argument("--kind", default="engine", choices=("engine", "train-engine"),
+                        help="which of the project's engine servers this is (its socket address)")
     parser.add_argument("--owner", type=int, default=None, help="exit when the process with this pid exits")
     parser.add_argument("--max-lora-rank", type=int, default=None, help="vLLM: serve LoRA adapters up to this rank")
     args = parser.parse_args()
@@ -251,7 +253,7 @@ def main() -> None:
     host = EngineHost(json.loads(args.settings), args.model, sleep=args.sleep, max_lora_rank=args.max_lora_rank)
     # Bound only once the engine is ready: until then `rlpipe worker status` finds no server and
     # `rlpipe.worker.lifecycle.start` keeps waiting.
-    addr = wire.address("engine", args.project)
+    addr = wire.address(args.kind, args.project)
     listener = wire.listen(addr)
     signal.signal(signal.SIGTERM, lambda *_: (host.close(), os._exit(0)))
     print(f"rlpipe engine server: {host.settings['engine']} engine ready at {wire.printable(addr)} after "

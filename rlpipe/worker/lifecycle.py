@@ -19,7 +19,8 @@ from rlpipe.errors import RlpipeError
 from rlpipe.worker import wire
 
 LOG_DIR = ".rlpipe/worker"
-KINDS = ("stage", "engine")
+KINDS = ("stage", "engine", "train-engine")  # train-engine: evaluate's engine on the training GPUs (rlpipe.run.servers)
+ENGINE_KINDS = ("engine", "train-engine")
 
 
 @dataclass(frozen=True)
@@ -101,14 +102,15 @@ def start(kind: str, project: str | os.PathLike, args: list[str], *, timeout: fl
     root = Path(project).resolve()
     log_path = root / LOG_DIR / f"{kind}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    module = {"stage": "rlpipe.worker.stage_server", "engine": "rlpipe.worker.engine_server"}[kind]
+    module = "rlpipe.worker.engine_server" if kind in ENGINE_KINDS else "rlpipe.worker.stage_server"
     # -P: no working directory on the module path, so `rlpipe` resolves as it does for `python stages/x.py`
     # (whose path starts at stages/), whatever the project directory holds.
-    if kind == "engine":  # vLLM's compile cache under the project, as the stages set it (rlpipe/stage.py)
+    if kind in ENGINE_KINDS:  # vLLM's compile cache under the project, as the stages set it (rlpipe/stage.py)
         env = dict(os.environ if env is None else env)
         env.setdefault("VLLM_CACHE_ROOT", str(root / ".rlpipe" / "cache" / "vllm"))
     with open(log_path, "ab") as log:
         owned = [] if owner is None else ["--owner", str(owner)]
+        owned += ["--kind", kind] if kind in ENGINE_KINDS else []
         proc = subprocess.Popen([sys.executable, "-P", "-m", module, "--project", str(root), *owned, *args], cwd=root,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                 env=env)

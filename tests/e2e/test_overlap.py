@@ -82,3 +82,27 @@ def test_a_run_killed_while_sampling_ahead_resumes_to_the_same_bytes(overlapped,
     assert "iteration 2:" in resumed
     for rel in RESULTS:
         assert (work / rel).read_bytes() == (root / rel).read_bytes(), rel
+
+
+def test_evaluate_uses_an_engine_on_the_training_gpus_when_generation_has_its_own(overlapped, reproduced, tmp_path):
+    """worker.generate_devices / train_devices set apart: evaluate is served by the train engine (asleep
+    between requests), not queued behind the next iteration's sampling; the results are the same."""
+    from rlpipe.worker import lifecycle
+    from tests.e2e.conftest import edit_params
+
+    fixture_root, _ = overlapped
+    root = tmp_path / "split"
+    shutil.copytree(reproduced, root, symlinks=True)
+    edit_params(root / "params.yaml", {"worker.engine_server": True, "worker.generate_devices": "0",
+                                       "worker.train_devices": "1"})
+    run(["git", "commit", "-qam", "generation and training on their own devices"], root)
+    run(["rlpipe", "run", "--until", "2", "--max-staleness", "1"], root)
+    log = (root / ".rlpipe/worker/train-engine.log").read_text()
+    assert "engine ready at @rlpipe-train-engine-" in log
+    assert "stopped on request after serving 1 request(s)" in log  # iteration 1's evaluate (0's ran before)
+    assert lifecycle.status("train-engine", root) is None and lifecycle.status("engine", root) is None
+    for k in (0, 1):
+        ours = json.loads(git(root, "show", f"iteration-{k}:metrics/evaluate.json"))
+        theirs = json.loads(git(fixture_root, "show", f"iteration-{k}:metrics/evaluate.json"))
+        assert ours["accuracy"] == theirs["accuracy"], k
+    assert ours["engine_server"] is True  # iteration 1's evaluate, served while iteration 2 was sampled ahead
