@@ -77,12 +77,37 @@ def curve(prepared: Path, work: Path, name: str, updates: dict[str, object], ite
             "seconds_per_iteration": (time.time() - start) / iterations}
 
 
+def measured(iterations: int, name: str) -> dict:
+    """Where and from what a run came: the docs cite it, and a rerun of one name replaces only that run."""
+    import platform
+
+    import torch
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+            "torch": torch.__version__, "commit": commit,
+            "command": f"python benchmarks/algorithm_curves.py --iterations {iterations} --algorithms {name}"}
+
+
+def merge_results(path: Path, results: list[dict], *, iterations: int) -> None:
+    """Add or replace these runs (by name) in the results file, written atomically."""
+    data = json.loads(path.read_text()) if path.exists() else {"runs": {}}
+    for r in results:
+        data["runs"][r["name"]] = {**r, "measured": measured(iterations, r["name"])}
+    data["runs"] = dict(sorted(data["runs"].items()))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--algorithms", nargs="+", default=["grpo", "gspo", "ppo"])
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temp dir)")
-    parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--json", default=None, help="also merge the runs into this results file (by name), e.g. "
+                        "benchmarks/results/algorithm_curves.json, the one source of the docs' curves "
+                        "(benchmarks/doc_numbers.py)")
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args()
     if args.list:
@@ -106,7 +131,7 @@ def main() -> None:
         accs = " | ".join(f"{row['eval_accuracy']:.3f}" for row in r["rows"])
         print(f"| {r['name']} | {r['warm_start_accuracy']:.3f} | {accs} | {r['seconds_per_iteration']:.0f} |")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        merge_results(Path(args.json), results, iterations=args.iterations)
 
 
 if __name__ == "__main__":

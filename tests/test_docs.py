@@ -135,3 +135,24 @@ def test_the_plots_screenshot_is_small_and_referenced():
     image = REPO / "docs/img/dvc-plots.png"
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size < 300_000
     assert "(img/dvc-plots.png)" in (REPO / "docs/metrics-and-plots.md").read_text()
+
+
+def test_measured_numbers_in_the_docs_come_from_the_results_file():
+    """README.md and docs/*.md cite the learning curves from one file, so two pages cannot disagree."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("doc_numbers", REPO / "benchmarks/doc_numbers.py")
+    doc_numbers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(doc_numbers)
+    results = doc_numbers.load()
+    assert doc_numbers.stale(REPO, results) == [], "run `python benchmarks/doc_numbers.py`"
+    readme = (REPO / "README.md").read_text()
+    grpo = results["runs"]["grpo"]
+    # the README's results table is the grpo run's, row by row, and the algorithms table cites its iteration 4
+    for row in grpo["rows"]:
+        assert f"| {row['iteration']} | {row['eval_accuracy']:.3f} | {row['train_reward_mean']:.3f} |" in readme
+    assert f"<!-- value: grpo 4 -->{grpo['rows'][4]['eval_accuracy']:.3f}<!-- /value -->" in readme
+    # a number edited by hand is caught
+    edited = readme.replace(f"<!-- value: grpo 4 -->{grpo['rows'][4]['eval_accuracy']:.3f}",
+                            "<!-- value: grpo 4 -->0.123")
+    assert doc_numbers.render(edited, results, "README.md") == readme

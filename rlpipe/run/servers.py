@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from contextlib import ExitStack, contextmanager
 from typing import Iterator
 from pathlib import Path
 
 from rlpipe.config import Params
+from rlpipe.errors import RlpipeError
 from rlpipe.lora.adapter import is_adapter_dir, is_policy_dir, model_dir_of
 from rlpipe.worker import lifecycle, wire
 from rlpipe.worker.engine_client import ENV_SERVER as ENGINE_SERVER_ENV
@@ -77,6 +79,7 @@ class RunServers:
         self.stack = ExitStack()
         self.engine_started = False
         self.train_engine_started = False
+        self.train_engine_failed = False
         self.params = params
 
     def __enter__(self) -> "RunServers":
@@ -104,15 +107,22 @@ class RunServers:
     def for_training(self, params: Params) -> Iterator[None]:
         """The main pipeline's stages after sampling (train, evaluate) use the train engine, where one is wanted:
         started here once (the training GPUs are free between iterations' stages), asleep between requests."""
-        if not (self.engine_started and wants_train_engine(params)):
+        if not (self.engine_started and wants_train_engine(params)) or self.train_engine_failed:
             yield
             return
         if not self.train_engine_started:
             env = dict(os.environ)
             env["CUDA_VISIBLE_DEVICES"] = params.worker.train_devices
             args = engine_server_args(self.root, params)
-            self.stack.enter_context(lifecycle.serving("train-engine", self.root,
-                                                       args + ([] if "--sleep" in args else ["--sleep"]), env=env))
+            try:
+                self.stack.enter_context(lifecycle.serving("train-engine", self.root,
+                                                           args + ([] if "--sleep" in args else ["--sleep"]), env=env))
+            except RlpipeError as e:  # e.g. no room on the training GPUs: evaluate waits for the generation engine
+                print(f"rlpipe run: no train engine on GPUs {params.worker.train_devices}, evaluate uses the "
+                      f"generation engine: {e}", file=sys.stderr, flush=True)
+                self.train_engine_failed = True
+                yield
+                return
             self.train_engine_started = True
         old = os.environ.get(ENGINE_SERVER_ENV)
         os.environ[ENGINE_SERVER_ENV] = wire.printable(wire.address("train-engine", self.root))

@@ -97,7 +97,13 @@ def _wandb(root: Path, rec: IterationRecord) -> None:
 def _mlflow(root: Path, rec: IterationRecord) -> None:
     import mlflow
 
-    mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI") or (root / "mlruns").resolve().as_uri())
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:  # a local store under the project, readable by `mlflow ui --backend-store-uri mlruns`
+        uri = (root / "mlruns").resolve().as_uri()
+        # MLflow 3 keeps the file store but refuses it unless asked; a database store (MLFLOW_TRACKING_URI=
+        # sqlite:///mlflow.db) needs the full mlflow package, which mlflow-skinny users do not have.
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    mlflow.set_tracking_uri(uri)
     with mlflow.start_run(run_id=rec.state.get("mlflow_run_id"), run_name=root.resolve().name) as run:
         rec.state["mlflow_run_id"] = run.info.run_id
         for key, value in rec.numbers.items():

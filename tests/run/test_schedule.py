@@ -130,3 +130,41 @@ def test_the_policy_store_keeps_links_and_prunes_what_no_iteration_samples(tmp_p
 def test_the_scratch_project_sets_its_own_core_and_cache_sections():
     config = "[core]\n    autostage = true\n['remote \"shared\"']\n    url = /x\n[cache]\n    type = copy\n"
     assert _without_sections(config, ("core", "cache")) == "['remote \"shared\"']\n    url = /x\n"
+
+
+def split_params(tmp_path, *, staleness=1, generate="0", train="1", engine_server=True):
+    data = yaml.safe_load(REPO_PARAMS.read_text())
+    data["policy"]["max_staleness"] = staleness
+    data["worker"].update(engine_server=engine_server, generate_devices=generate, train_devices=train)
+    return load_params(dump(tmp_path, data))
+
+
+@pytest.mark.parametrize("change, wanted", [({}, True), ({"staleness": 0}, False), ({"train": None}, False),
+                                            ({"train": "0"}, False), ({"engine_server": False}, False)])
+def test_a_train_engine_only_where_overlapped_generation_has_its_own_gpus(tmp_path, change, wanted):
+    from rlpipe.run.servers import wants_train_engine
+
+    assert wants_train_engine(split_params(tmp_path, **change)) is wanted
+
+
+def test_a_train_engine_that_cannot_start_leaves_evaluate_on_the_generation_engine(tmp_path, monkeypatch, capsys):
+    import os
+
+    from rlpipe.run import servers
+
+    params = split_params(tmp_path)
+    calls = []
+
+    def refuse(kind, root, args, *, env=None):
+        calls.append((kind, env["CUDA_VISIBLE_DEVICES"], "--sleep" in args))
+        raise RlpipeError("the train-engine server exited with code 1 while starting")
+
+    monkeypatch.setattr(servers.lifecycle, "serving", refuse)
+    monkeypatch.delenv(servers.ENGINE_SERVER_ENV, raising=False)
+    running = servers.RunServers(tmp_path, params)
+    running.engine_started = True  # as after the generation engine's start
+    for _ in range(2):  # one try: no second start in the next iteration
+        with running.for_training(params):
+            assert servers.ENGINE_SERVER_ENV not in os.environ
+    assert calls == [("train-engine", "1", True)]
+    assert "no train engine on GPUs 1, evaluate uses the generation engine" in capsys.readouterr().err
