@@ -1,4 +1,4 @@
-"""The measured numbers in README.md and docs/*.md, written from the measured results files.
+"""The measured learning curves in README.md, BENCHMARKS.md and docs/*.md, written from the results file.
 
 Why: the same run's accuracy used to be copied by hand into several tables, and the copies drifted
 apart (issue 15). Now each number sits in a marked block and comes from one file,
@@ -97,7 +97,7 @@ def render(text: str, results: dict, where: str) -> str:
 
 
 def documents(root: Path = REPO) -> list[Path]:
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    return [root / "README.md", root / "BENCHMARKS.md", *sorted((root / "docs").glob("*.md"))]
 
 
 def stale(root: Path = REPO, results: dict | None = None) -> list[str]:
