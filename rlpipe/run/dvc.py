@@ -65,6 +65,41 @@ def _lockfile_read_by_the_c_loader():
         _yaml.parse_yaml_for_update = original
 
 
+@contextmanager
+def _lockfile_written_atomically():
+    """While DVC writes dvc.lock, write it to a temporary file beside it and rename that over it.
+
+    Why: DVC truncates dvc.lock and then writes the new YAML into it, so a run killed at that moment
+    (kill -9, a lost machine) leaves a half file that no later `dvc repro` can read. Renamed into
+    place, the file is always either the old lock or the new one. Other files DVC writes are unchanged.
+    """
+    try:
+        from dvc.utils.serialize import _common
+    except ImportError:
+        yield
+        return
+    original = getattr(_common, "_dump_data", None)
+    if original is None:
+        yield
+        return
+
+    def dump(path, data, dumper, fs=None, **dumper_args):
+        if os.path.basename(os.fspath(path)) != "dvc.lock":
+            return original(path, data, dumper, fs=fs, **dumper_args)
+        scratch = os.path.join(os.path.dirname(os.fspath(path)), ".rlpipe")  # git-ignored; same file system
+        os.makedirs(scratch, exist_ok=True)
+        tmp = os.path.join(scratch, "dvc.lock.tmp")
+        with open(tmp, "w+", encoding="utf-8") as fd:
+            dumper(data, fd, **dumper_args)
+        os.replace(tmp, path)
+
+    _common._dump_data = dump
+    try:
+        yield
+    finally:
+        _common._dump_data = original
+
+
 def repro(root: str | os.PathLike, targets: list[str] | None = None) -> list[str]:
     """``dvc repro [targets]``; returns the names of the stages that ran (or were restored from the run cache)."""
     root = Path(root).resolve()
@@ -74,7 +109,7 @@ def repro(root: str | os.PathLike, targets: list[str] | None = None) -> list[str
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
 
-    with chdir(root), _lockfile_read_by_the_c_loader():  # DVC resolves stage working directories against the cwd
+    with chdir(root), _lockfile_read_by_the_c_loader(), _lockfile_written_atomically():  # cwd: DVC resolves stage dirs
         try:
             with Repo(str(root)) as repo:
                 stages = repo.reproduce(targets or None)

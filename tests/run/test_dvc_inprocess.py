@@ -1,6 +1,8 @@
 """rlpipe.run.dvc: DVC called in-process writes the same dvc.lock bytes as DVC alone."""
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 
 from rlpipe.run.dvc import _lockfile_read_by_the_c_loader
@@ -54,3 +56,25 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_a_lock_write_cut_short_leaves_the_old_lock_whole(tmp_path):
+    """The rename is what makes a killed write harmless: here the dump fails (a value YAML cannot represent)
+    after DVC opened the lock for writing, as a kill would stop it."""
+    from dvc.utils.serialize import dump_yaml, modify_yaml
+
+    from rlpipe.run.dvc import _lockfile_written_atomically
+
+    lock = tmp_path / "dvc.lock"
+    dump_yaml(str(lock), LOCK)
+    before = lock.read_bytes()
+    for atomic in (True, False):
+        with pytest.raises(Exception):
+            with _lockfile_written_atomically() if atomic else nullcontext():
+                with modify_yaml(str(lock)) as data:
+                    data["stages"]["zz_train"] = {"cmd": object()}  # written after generate: a half file
+        if atomic:
+            assert lock.read_bytes() == before
+            assert sorted(p.name for p in tmp_path.iterdir()) == [".rlpipe", "dvc.lock"]  # the scratch copy is git-ignored
+        else:  # what DVC alone leaves: the old lock truncated away (a kill leaves part of the new one)
+            assert lock.read_bytes() == b""
