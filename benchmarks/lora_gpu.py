@@ -48,19 +48,29 @@ def with_adapter(model, rank: int):
     return peft_model
 
 
-def train_row(shape: str, rank: int, args) -> dict:
-    """One optimizer step of the train loop over args.train_tokens tokens: full (rank 0) or LoRA."""
-    gt.reset_peak()
+def model_for(shape: str, rank: int, *, reference: bool, compile_layers: bool):
+    """The model a row measures: float32 weights (train) or bf16 without gradients (reference), with a
+    rank-``rank`` adapter unless rank is 0, decoder layers compiled last as the stages do."""
     model = gt.build_model(shape, torch.float32)
     if rank:
         model = with_adapter(model, rank).get_base_model()
-    if args.compile:
+    if reference:
+        model = model.to(torch.bfloat16).eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+    if compile_layers:
         compile_decoder_layers(model)
+    return model
+
+
+def train_row(shape: str, rank: int, args) -> dict:
+    """One optimizer step of the train loop over args.train_tokens tokens: full (rank 0) or LoRA."""
+    model = model_for(shape, rank, reference=False, compile_layers=args.compile)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-7, fused=gt.DEVICE == "cuda")
     data = gt.make_data(f"uniform-{args.completion}", args.train_tokens, seed=0)
     result = gt.measure(gt.train_loop, model, *data, train=True, repeats=args.repeats, budget=args.train_budget,
-                        chunk=args.chunk, optimizer=optimizer, data=gt.loop_data(*data))
+                        chunk=args.chunk, optimizer=optimizer, data=gt.loop_data(*data))  # resets the peak first
     result.update(trainable_parameters=sum(p.numel() for p in params),
                   total_parameters=sum(p.numel() for p in model.parameters()))
     del model, optimizer, params
@@ -70,19 +80,10 @@ def train_row(shape: str, rank: int, args) -> dict:
 
 def reference_row(shape: str, rank: int, args) -> dict:
     """The reference pass over args.ref_tokens tokens: the bf16 base alone (rank 0) or with an adapter."""
-    gt.reset_peak()
-    model = gt.build_model(shape, torch.float32)
-    if rank:
-        model = with_adapter(model, rank).get_base_model()
-    model = model.to(torch.bfloat16).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    if args.compile:
-        compile_decoder_layers(model)
-    gt.reset_peak()
+    model = model_for(shape, rank, reference=True, compile_layers=args.compile)
     data = gt.make_data(f"uniform-{args.completion}", args.ref_tokens, seed=1)
     result = gt.measure(gt.ref_rlpipe, model, *data, train=False, repeats=args.repeats, budget=args.ref_budget,
-                        chunk=args.chunk)
+                        chunk=args.chunk)  # resets the peak first
     del model
     gt.reset_peak()
     return result

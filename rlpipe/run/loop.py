@@ -35,7 +35,7 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
     ``max_staleness``: sets ``policy.max_staleness`` in params.yaml first (None: keep what it says).
     """
     from rlpipe.run.ahead import Prefetch
-    from rlpipe.run.servers import RunServers
+    from rlpipe.run.servers import RunServers, environment
 
     root = Path(root).resolve()
     rows: list[dict[str, Any]] = []
@@ -47,11 +47,8 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
         params = load_params(root / params_file)
     if params.iteration >= until:
         return rows
-    devices = params.worker.train_devices
-    old_devices = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if devices is not None:  # the main pipeline's stages (train above all) on their GPUs
-        os.environ["CUDA_VISIBLE_DEVICES"] = devices
-    try:
+    # the main pipeline's stages (train above all) on their GPUs
+    with environment("CUDA_VISIBLE_DEVICES", params.worker.train_devices):
         with RunServers(root, params) if servers else _NoServers() as running:
             ahead = Prefetch(root, log=sys.stdout) if params.policy.max_staleness else None
             try:
@@ -84,12 +81,6 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
             finally:
                 if ahead is not None:
                     ahead.close()
-    finally:
-        if devices is not None:
-            if old_devices is None:
-                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-            else:
-                os.environ["CUDA_VISIBLE_DEVICES"] = old_devices
     return rows
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Iterator
 from pathlib import Path
 
@@ -47,6 +47,24 @@ def wants_engine_server(params: Params) -> bool:
 
         return choose_engine(params.generate) == "vllm"
     return bool(setting)
+
+
+@contextmanager
+def environment(name: str, value: str | None) -> Iterator[None]:
+    """``os.environ[name] = value`` for a block, then as it was (None: left alone). The stages DVC starts
+    inherit this process's environment, so this is how a run points them at GPUs or a server."""
+    if value is None:
+        yield
+        return
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 
 
 def wants_train_engine(params: Params) -> bool:
@@ -103,13 +121,15 @@ class RunServers:
         self.stack.enter_context(lifecycle.serving("engine", self.root, engine_server_args(self.root, params), env=env))
         self.engine_started = True
 
-    @contextmanager
-    def for_training(self, params: Params) -> Iterator[None]:
-        """The main pipeline's stages after sampling (train, evaluate) use the train engine, where one is wanted:
-        started here once (the training GPUs are free between iterations' stages), asleep between requests."""
+    def for_training(self, params: Params) -> AbstractContextManager:
+        """The main pipeline's stages after sampling (train, evaluate) use the train engine, where one is wanted."""
+        return environment(ENGINE_SERVER_ENV, self._train_engine(params))
+
+    def _train_engine(self, params: Params) -> str | None:
+        """The train engine's address, started on first use (the training GPUs are free between iterations'
+        stages) and asleep between requests; None where none is wanted or it could not start."""
         if not (self.engine_started and wants_train_engine(params)) or self.train_engine_failed:
-            yield
-            return
+            return None
         if not self.train_engine_started:
             env = dict(os.environ)
             env["CUDA_VISIBLE_DEVICES"] = params.worker.train_devices
@@ -121,18 +141,9 @@ class RunServers:
                 print(f"rlpipe run: no train engine on GPUs {params.worker.train_devices}, evaluate uses the "
                       f"generation engine: {e}", file=sys.stderr, flush=True)
                 self.train_engine_failed = True
-                yield
-                return
+                return None
             self.train_engine_started = True
-        old = os.environ.get(ENGINE_SERVER_ENV)
-        os.environ[ENGINE_SERVER_ENV] = wire.printable(wire.address("train-engine", self.root))
-        try:
-            yield
-        finally:
-            if old is None:
-                os.environ.pop(ENGINE_SERVER_ENV, None)
-            else:
-                os.environ[ENGINE_SERVER_ENV] = old
+        return wire.printable(wire.address("train-engine", self.root))
 
     def env_for_sampling(self) -> dict[str, str]:
         """The environment of a process that runs sampling stages elsewhere in the project (the prefetch of

@@ -109,9 +109,8 @@ def start(kind: str, project: str | os.PathLike, args: list[str], *, timeout: fl
         env = dict(os.environ if env is None else env)
         env.setdefault("VLLM_CACHE_ROOT", str(root / ".rlpipe" / "cache" / "vllm"))
     with open(log_path, "ab") as log:
-        owned = [] if owner is None else ["--owner", str(owner)]
-        owned += ["--kind", kind] if kind in ENGINE_KINDS else []
-        proc = subprocess.Popen([sys.executable, "-P", "-m", module, "--project", str(root), *owned, *args], cwd=root,
+        own = ([] if owner is None else ["--owner", str(owner)]) + (["--kind", kind] if kind in ENGINE_KINDS else [])
+        proc = subprocess.Popen([sys.executable, "-P", "-m", module, "--project", str(root), *own, *args], cwd=root,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                 env=env)
     deadline = time.monotonic() + timeout
