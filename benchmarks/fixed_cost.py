@@ -222,15 +222,20 @@ def main() -> None:
         os.chdir(cwd)
     result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.node(), "args": vars(args), "iterations": rows,
               "total_wall_s": round(marks[-1] - marks[0], 2)}
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            result["card"] = torch.cuda.get_device_name(0)
-    except ImportError:
-        pass
+    result["card"] = card_names()
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+def card_names() -> str | None:
+    """The GPUs' names from nvidia-smi: asking torch here, after the run moved CUDA_VISIBLE_DEVICES
+    under a torch imported before, fails (seen on a 4-GPU host)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return ", ".join(sorted(set(out.stdout.split("\n")) - {""})) or None
 
 
 if __name__ == "__main__":

@@ -31,18 +31,33 @@ _NOT_LINKED = {"dvc.lock", "metrics", "plots", "history", "dvc_plots"}  # and hi
 
 
 def prefetchable(params: Params) -> list[str]:
-    """The stages of iteration k+1 whose inputs are known while iteration k trains.
+    """The stages of iteration k+1 that run ahead while iteration k trains (k = params.iteration)."""
+    return sampled_ahead(params, params.iteration + 1)
 
-    generate and score always; reference_logprob unless iteration k+1 refreshes the reference
-    (it would be iteration k's output); values unless it runs the PPO critic (iteration k trains it).
+
+def sampled_ahead(params: Params, iteration: int) -> list[str]:
+    """The stages of ``iteration`` that run ahead, during the previous iteration's training.
+
+    generate and score always. reference_logprob and values too, unless their inputs are the previous
+    iteration's outputs (a reference refresh; the PPO critic) or generation has GPUs of its own
+    (``worker.generate_devices`` apart from ``train_devices``): there the generation GPUs bound an
+    overlapped iteration (generate 150-165 s of a 300 s iteration on H100s, BENCHMARKS.md), so these
+    passes run on the training GPUs, which have time to spare.
     """
     stages = ["generate", "score"]
+    if generation_has_own_devices(params):
+        return stages
     refresh = params.reference.refresh_every
-    if not (refresh > 0 and (params.iteration + 1) % refresh == 0):
+    if not (refresh > 0 and iteration % refresh == 0):
         stages.append("reference_logprob")
     if not params.advantage.needs_critic:
         stages.append("values")
     return stages
+
+
+def generation_has_own_devices(params: Params) -> bool:
+    w = params.worker
+    return w.generate_devices is not None and w.train_devices is not None and w.generate_devices != w.train_devices
 
 
 def next_sampling_params(params: Params) -> dict:

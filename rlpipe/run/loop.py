@@ -7,8 +7,10 @@ With ``servers``, stages run in the warm stage server and generation in the engi
 (`rlpipe.run.servers`): the same outputs, without paying imports and engine start in every stage.
 
 With ``policy.max_staleness`` S > 0 (overlapped iterations, docs/overlap.md), each iteration runs in
-two steps: its sampling stages (up to ``advantage``), then train and evaluate, during which the
-sampling stages of the next iteration run ahead (`rlpipe.run.ahead`).
+two steps: the stages that could run ahead (`rlpipe.run.ahead.sampled_ahead`: restored from the
+run cache when they did), then the rest (train, evaluate...), during which the next iteration's
+sampling runs ahead (`rlpipe.run.ahead`). With generation on GPUs of its own, the reference pass
+is in the second step, on the training GPUs, so the generation GPUs never wait for it.
 """
 from __future__ import annotations
 
@@ -24,9 +26,6 @@ from rlpipe.errors import RlpipeError
 from rlpipe.iterate import advance, finish_interrupted_start, handover_started, set_params
 from rlpipe.run import dvc, policies
 
-SAMPLING_TARGET = "advantage"  # `dvc repro advantage`: every stage train reads, and nothing after
-
-
 def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "params.yaml", commit: bool = True,
                    servers: bool = True, max_staleness: int | None = None,
                    on_iteration: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
@@ -34,7 +33,7 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
 
     ``max_staleness``: sets ``policy.max_staleness`` in params.yaml first (None: keep what it says).
     """
-    from rlpipe.run.ahead import Prefetch
+    from rlpipe.run.ahead import Prefetch, sampled_ahead
     from rlpipe.run.servers import RunServers, environment
 
     root = Path(root).resolve()
@@ -64,8 +63,8 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
                         if ahead is not None:
                             with clock("wait_ahead"):
                                 ahead.wait()  # iteration k's own prefetch, started during k-1: never sample twice
-                            with clock("repro"):
-                                _repro(root, params.iteration, until, [SAMPLING_TARGET])
+                            with clock("repro"):  # restores what ran ahead (runs it in iteration 0)
+                                _repro(root, params.iteration, until, sampled_ahead(params, params.iteration))
                             if params.iteration + 1 < until:
                                 with clock("start_ahead"):
                                     _start_ahead(ahead, root, params, params_file, running.env_for_sampling())

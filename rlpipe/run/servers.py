@@ -22,6 +22,7 @@ from pathlib import Path
 from rlpipe.config import Params
 from rlpipe.errors import RlpipeError
 from rlpipe.lora.adapter import is_adapter_dir, is_policy_dir, model_dir_of
+from rlpipe.run.ahead import generation_has_own_devices
 from rlpipe.worker import lifecycle, wire
 from rlpipe.worker.engine_client import ENV_SERVER as ENGINE_SERVER_ENV
 
@@ -69,9 +70,7 @@ def environment(name: str, value: str | None) -> Iterator[None]:
 
 def wants_train_engine(params: Params) -> bool:
     """Overlapped, with generation and training on different GPUs, and an engine server wanted at all."""
-    w = params.worker
-    return (params.policy.max_staleness >= 1 and w.generate_devices is not None and w.train_devices is not None
-            and w.generate_devices != w.train_devices and wants_engine_server(params))
+    return params.policy.max_staleness >= 1 and generation_has_own_devices(params) and wants_engine_server(params)
 
 
 def engine_server_args(root: Path, params: Params) -> list[str]:
@@ -96,7 +95,7 @@ class RunServers:
         self.root = Path(root).resolve()
         self.stack = ExitStack()
         self.engine_started = False
-        self.train_engine_started = False
+        self.train_engine: lifecycle.ServerInfo | lifecycle.Launched | None = None
         self.train_engine_failed = False
         self.params = params
 
@@ -115,6 +114,8 @@ class RunServers:
             return
         if not is_policy_dir(self.root / params.policy.path):
             return
+        if wants_train_engine(params):  # on other GPUs: it starts while the generation engine starts
+            self._launch_train_engine(params)
         env = dict(os.environ)
         if params.worker.generate_devices is not None:  # generation on its own GPUs (overlapped runs)
             env["CUDA_VISIBLE_DEVICES"] = params.worker.generate_devices
@@ -126,24 +127,44 @@ class RunServers:
         return environment(ENGINE_SERVER_ENV, self._train_engine(params))
 
     def _train_engine(self, params: Params) -> str | None:
-        """The train engine's address, started on first use (the training GPUs are free between iterations'
-        stages) and asleep between requests; None where none is wanted or it could not start."""
+        """The train engine's address once it answers (launched with the generation engine, or now);
+        None where none is wanted or it could not start."""
         if not (self.engine_started and wants_train_engine(params)) or self.train_engine_failed:
             return None
-        if not self.train_engine_started:
-            env = dict(os.environ)
-            env["CUDA_VISIBLE_DEVICES"] = params.worker.train_devices
-            args = engine_server_args(self.root, params)
+        if self.train_engine is None:
+            self._launch_train_engine(params)
+        if isinstance(self.train_engine, lifecycle.Launched):
             try:
-                self.stack.enter_context(lifecycle.serving("train-engine", self.root,
-                                                           args + ([] if "--sleep" in args else ["--sleep"]), env=env))
-            except RlpipeError as e:  # e.g. no room on the training GPUs: evaluate waits for the generation engine
-                print(f"rlpipe run: no train engine on GPUs {params.worker.train_devices}, evaluate uses the "
-                      f"generation engine: {e}", file=sys.stderr, flush=True)
-                self.train_engine_failed = True
-                return None
-            self.train_engine_started = True
-        return wire.printable(wire.address("train-engine", self.root))
+                self.train_engine = lifecycle.wait_until_serving(self.train_engine)
+            except RlpipeError as e:
+                self._no_train_engine(params, e)
+        return None if self.train_engine_failed else wire.printable(wire.address("train-engine", self.root))
+
+    def _launch_train_engine(self, params: Params) -> None:
+        """Start the train engine on the training GPUs, asleep between requests, without waiting for it:
+        those GPUs are idle until iteration 0's sampling is done, the time its start takes."""
+        if self.train_engine is not None or self.train_engine_failed:
+            return
+        env = dict(os.environ)
+        env["CUDA_VISIBLE_DEVICES"] = params.worker.train_devices
+        # a compile cache of its own: two engines compiling the same graphs at once must not share one
+        env["VLLM_CACHE_ROOT"] = str(self.root / ".rlpipe" / "cache" / "vllm-train-engine")
+        args = engine_server_args(self.root, params)
+        try:
+            self.train_engine = lifecycle.launch("train-engine", self.root,
+                                                 args + ([] if "--sleep" in args else ["--sleep"]),
+                                                 env=env, owner=os.getpid())
+        except OSError as e:
+            self._no_train_engine(params, e)
+            return
+        if isinstance(self.train_engine, lifecycle.Launched):  # started here: stopped with the run
+            self.stack.callback(lifecycle.stop, "train-engine", self.root)
+
+    def _no_train_engine(self, params: Params, why: Exception) -> None:
+        # e.g. no room on the training GPUs: evaluate waits for the generation engine instead
+        print(f"rlpipe run: no train engine on GPUs {params.worker.train_devices}, evaluate uses the "
+              f"generation engine: {why}", file=sys.stderr, flush=True)
+        self.train_engine_failed = True
 
     def env_for_sampling(self) -> dict[str, str]:
         """The environment of a process that runs sampling stages elsewhere in the project (the prefetch of

@@ -85,6 +85,15 @@ def stop(kind: str, project: str | os.PathLike, *, timeout: float = 30.0) -> boo
     return True
 
 
+@dataclass
+class Launched:
+    """A server process started by `launch`, not yet known to answer (`wait_until_serving`)."""
+    kind: str
+    root: Path
+    proc: subprocess.Popen
+    log_path: Path
+
+
 def start(kind: str, project: str | os.PathLike, args: list[str], *, timeout: float = 900.0,
           env: dict[str, str] | None = None, owner: int | None = None) -> ServerInfo:
     """Start server ``kind`` for the project (``args``: its extra command-line options) and wait until it answers.
@@ -96,6 +105,14 @@ def start(kind: str, project: str | os.PathLike, args: list[str], *, timeout: fl
     warm-up (seconds for the stage server; for a vLLM engine server the engine start and its
     compilation, minutes on a cold machine), and fails with the tail of its log if it exits first.
     """
+    started = launch(kind, project, args, env=env, owner=owner)
+    return started if isinstance(started, ServerInfo) else wait_until_serving(started, timeout=timeout)
+
+
+def launch(kind: str, project: str | os.PathLike, args: list[str], *, env: dict[str, str] | None = None,
+           owner: int | None = None) -> ServerInfo | Launched:
+    """`start` without the wait: the running server's info, or the process just started (two engines
+    on different GPUs start side by side this way)."""
     running = status(kind, project)
     if running is not None:
         return running
@@ -113,18 +130,23 @@ def start(kind: str, project: str | os.PathLike, args: list[str], *, timeout: fl
         proc = subprocess.Popen([sys.executable, "-P", "-m", module, "--project", str(root), *own, *args], cwd=root,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                 env=env)
+    return Launched(kind, root, proc, log_path)
+
+
+def wait_until_serving(started: Launched, *, timeout: float = 900.0) -> ServerInfo:
+    """Wait until a launched server answers; fails with the tail of its log if it exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        info = status(kind, root)
+        info = status(started.kind, started.root)
         if info is not None:
             return info
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace").splitlines()[-15:]
-            raise RlpipeError(f"the {kind} server exited with code {proc.returncode} while starting; "
-                              f"the end of {log_path}:\n" + "\n".join(tail))
+        if started.proc.poll() is not None:
+            tail = started.log_path.read_text(errors="replace").splitlines()[-15:]
+            raise RlpipeError(f"the {started.kind} server exited with code {started.proc.returncode} while starting; "
+                              f"the end of {started.log_path}:\n" + "\n".join(tail))
         time.sleep(0.1)
-    proc.kill()
-    raise RlpipeError(f"the {kind} server did not answer within {timeout:.0f} s (log: {log_path})")
+    started.proc.kill()
+    raise RlpipeError(f"the {started.kind} server did not answer within {timeout:.0f} s (log: {started.log_path})")
 
 
 @contextmanager

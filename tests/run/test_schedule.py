@@ -2,8 +2,10 @@
 importance-weight statistics and the store of recent policies, each on small hand-made inputs."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +17,10 @@ from rlpipe.config import load_params
 from rlpipe.errors import ArtifactError, ConfigError, RlpipeError
 from rlpipe.io import Artifact
 from rlpipe.run import policies
-from rlpipe.run.ahead import _without_sections, next_sampling_params, prefetchable
+from rlpipe.run.ahead import _without_sections, next_sampling_params, prefetchable, sampled_ahead
 from rlpipe.training.data import check_policy_version
 from rlpipe.training.report import importance_weights
+from rlpipe.worker import lifecycle
 from tests.test_config import dump
 
 REPO_PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
@@ -97,6 +100,10 @@ def test_what_runs_ahead_is_what_does_not_wait_for_this_iteration(tmp_path):
     data["reference"]["refresh_every"] = 1  # iteration k+1's reference is iteration k's output
     data["advantage"]["estimator"] = "gae"  # its critic too
     assert prefetchable(load_params(dump(tmp_path, data))) == ["generate", "score"]
+    # generation on GPUs of its own: the reference and values passes stay with the training GPUs
+    split = split_params(tmp_path)
+    assert prefetchable(split) == sampled_ahead(split, split.iteration + 1) == ["generate", "score"]
+    assert sampled_ahead(params_with(tmp_path), 0) == ["generate", "score", "reference_logprob", "values"]
     data["iteration"], data["policy"]["max_staleness"], data["policy"]["version"] = 4, 2, 3
     data["policy"]["path"], data["policy"]["latest_path"] = "state/sampler", "state/policy"
     assert next_sampling_params(load_params(dump(tmp_path, data))) == {
@@ -147,24 +154,76 @@ def test_a_train_engine_only_where_overlapped_generation_has_its_own_gpus(tmp_pa
     assert wants_train_engine(split_params(tmp_path, **change)) is wanted
 
 
+class FakeLifecycle:
+    """What RunServers asked of rlpipe.worker.lifecycle, in order; the train engine's start can fail."""
+
+    def __init__(self, tmp_path, *, train_engine_fails: bool) -> None:
+        self.calls: list[tuple] = []
+        self.tmp_path = tmp_path
+        self.fails = train_engine_fails
+
+    def launch(self, kind, root, args, *, env=None, owner=None):
+        self.calls.append(("launch", kind, env["CUDA_VISIBLE_DEVICES"], "--sleep" in args,
+                           Path(env["VLLM_CACHE_ROOT"]).name))
+        return lifecycle.Launched(kind, Path(root), proc=None, log_path=self.tmp_path / f"{kind}.log")
+
+    def wait_until_serving(self, started, *, timeout=900.0):
+        self.calls.append(("wait", started.kind))
+        if self.fails:
+            raise RlpipeError(f"the {started.kind} server exited with code 1 while starting")
+        return lifecycle.ServerInfo(started.kind, "@x", 1, {})
+
+    @contextmanager
+    def serving(self, kind, root, args, *, env=None):
+        self.calls.append(("serving", kind, env.get("CUDA_VISIBLE_DEVICES")))
+        yield
+
+    def stop(self, kind, root, **_):
+        self.calls.append(("stop", kind))
+
+
+def fake_lifecycle(monkeypatch, tmp_path, *, train_engine_fails=False) -> FakeLifecycle:
+    from rlpipe.run import servers
+
+    fake = FakeLifecycle(tmp_path, train_engine_fails=train_engine_fails)
+    for name in ("launch", "wait_until_serving", "serving", "stop"):
+        monkeypatch.setattr(servers.lifecycle, name, getattr(fake, name))
+    monkeypatch.setattr(servers, "is_policy_dir", lambda path: True)
+    monkeypatch.delenv(servers.ENGINE_SERVER_ENV, raising=False)
+    return fake
+
+
+def test_the_train_engine_starts_beside_the_generation_engine_and_is_awaited_at_first_use(tmp_path, monkeypatch):
+    import os
+
+    from rlpipe.run import servers
+
+    params = split_params(tmp_path)
+    params = dataclasses.replace(params, worker=dataclasses.replace(params.worker, stage_server=False))
+    fake = fake_lifecycle(monkeypatch, tmp_path)
+    with servers.RunServers(tmp_path, params) as running:
+        # both launched before anything waits: the two starts overlap, on their own GPUs and compile caches
+        assert fake.calls == [("launch", "train-engine", "1", True, "vllm-train-engine"),
+                              ("serving", "engine", "0")]
+        for _ in range(2):
+            with running.for_training(params):
+                assert os.environ[servers.ENGINE_SERVER_ENV].startswith("@rlpipe-train-engine-")
+        assert servers.ENGINE_SERVER_ENV not in os.environ
+        assert fake.calls[2:] == [("wait", "train-engine")]  # awaited once
+    assert fake.calls[-1] == ("stop", "train-engine")  # started by the run: stopped with it
+
+
 def test_a_train_engine_that_cannot_start_leaves_evaluate_on_the_generation_engine(tmp_path, monkeypatch, capsys):
     import os
 
     from rlpipe.run import servers
 
     params = split_params(tmp_path)
-    calls = []
-
-    def refuse(kind, root, args, *, env=None):
-        calls.append((kind, env["CUDA_VISIBLE_DEVICES"], "--sleep" in args))
-        raise RlpipeError("the train-engine server exited with code 1 while starting")
-
-    monkeypatch.setattr(servers.lifecycle, "serving", refuse)
-    monkeypatch.delenv(servers.ENGINE_SERVER_ENV, raising=False)
+    fake = fake_lifecycle(monkeypatch, tmp_path, train_engine_fails=True)
     running = servers.RunServers(tmp_path, params)
     running.engine_started = True  # as after the generation engine's start
     for _ in range(2):  # one try: no second start in the next iteration
         with running.for_training(params):
             assert servers.ENGINE_SERVER_ENV not in os.environ
-    assert calls == [("train-engine", "1", True)]
+    assert fake.calls == [("launch", "train-engine", "1", True, "vllm-train-engine"), ("wait", "train-engine")]
     assert "no train engine on GPUs 1, evaluate uses the generation engine" in capsys.readouterr().err
