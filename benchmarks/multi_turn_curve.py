@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,16 +21,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.algorithm_curves import env, sh  # noqa: E402
-from tests.e2e.conftest import make_project  # noqa: E402
+from benchmarks.algorithm_curves import sh  # noqa: E402
+from tests.e2e.conftest import make_project, metrics_at  # noqa: E402  (a stage's metrics at a tag, through DVC)
 from tests.e2e.test_multi_turn import CALCULATOR  # noqa: E402  (the same settings the e2e test runs)
 
-
-
-def metrics_at(root: Path, tag: str, stage: str) -> dict:
-    text = subprocess.run(["git", "show", f"{tag}:metrics/{stage}.json"], cwd=root, env=env(), capture_output=True,
-                          text=True, check=True).stdout
-    return json.loads(text)
 
 
 def main() -> None:
@@ -48,8 +41,7 @@ def main() -> None:
     started = time.time()
     sh(["rlpipe", "run", "-n", str(args.iterations)], root)
     seconds = (time.time() - started) / args.iterations
-    prepare = json.loads(subprocess.run(["git", "show", "iteration-0:metrics/prepare.json"], cwd=root, env=env(),
-                                        capture_output=True, text=True, check=True).stdout)
+    prepare = metrics_at(root, "iteration-0", "prepare")
     rows = []
     for k in range(args.iterations):
         tag = f"iteration-{k}"

@@ -53,6 +53,12 @@ def clone(dest: Path, prepared: Path | None, seed: int) -> Path:
             src, out = prepared / rel, dest / rel
             out.parent.mkdir(parents=True, exist_ok=True)
             (shutil.copytree if src.is_dir() else shutil.copyfile)(src, out)
+        from rlpipe.headline import headline, headline_path
+        from rlpipe.io import read_json, write_json
+
+        short = dest / headline_path(PREPARED[1])  # written again: a warm start may predate the headline files
+        short.parent.mkdir(parents=True, exist_ok=True)
+        write_json(short, headline("prepare", read_json(dest / PREPARED[1])))
     set_params(dest / "params.yaml", {"seed": seed})
     # The copied warm start is recorded as prepare's output under the new seed: only the RL stages vary.
     sh(["dvc", "commit", "-f", "-q", "prepare"], dest)

@@ -2,8 +2,8 @@
 
 Each side is a project directory (its metrics/*.json and evaluate stage's eval_rollouts as they
 are on disk) or a git revision of the project: a tag such as ``iteration-3`` (or just ``3``), a
-branch, a commit. For a revision, metrics and params come from git (``git show REV:path``; the
-metrics are committed by ``rlpipe iterate``) and the eval rollouts, a DVC output, through
+branch, a commit. For a revision, params come from git (``git show REV:path``, committed by
+``rlpipe iterate``) and the stage metrics and eval rollouts, DVC outputs, through
 ``dvc.api.read(path, rev=REV)``, which reads them from the local DVC cache (or a remote) without
 touching the workspace (rlpipe.reports.sources). Each headline metric says which way is better
 (``HEADLINES``: the one place), so a change can be called better or worse; the params that differ
@@ -12,7 +12,6 @@ shows it on either side.
 """
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,15 +80,12 @@ def _read_revision(repo: Path, rev: str, label: str) -> Side:
     data = sources.read_params(repo, rev)
     paths = data.get("paths") or {}
     mdir = paths.get("metrics_dir") or "metrics"
-    metrics: dict[str, dict[str, Any]] = {}
-    listing = sources.git(repo, "ls-tree", "--name-only", f"{rev}:{mdir}")
-    for name in listing.stdout.split() if listing.returncode == 0 else []:
-        if name.endswith(".json"):
-            metrics[name.removesuffix(".json")] = json.loads(sources.git(repo, "show", f"{rev}:{mdir}/{name}").stdout)
+    metrics, problems = sources.stage_metrics_at(repo, rev, mdir)
     side = Side(label=label, metrics=metrics, eval_rollouts=None, eval_prompts=None, params=data,
                 inspect=f"{shlex.quote(str(repo))} --rev {shlex.quote(rev)}")
+    side.notes += [f"{label}: {p}" for p in problems]
     if not metrics:
-        side.notes.append(f"{label}: no metrics committed under {mdir}/ at {rev}")
+        side.notes.append(f"{label}: no metrics recorded under {mdir}/ at {rev}")
     for attr, key, schema in (("eval_rollouts", "eval_rollouts", EVAL_ROLLOUTS), ("eval_prompts", "eval_prompts", PROMPTS)):
         if not paths.get(key):
             continue

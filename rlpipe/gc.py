@@ -6,8 +6,8 @@ removes from the cache exactly the objects of the checkpoint directories (``path
 ``state/policy``, ``state/reference``) of the iterations tagged ``iteration-j`` that are older
 than the last K, unless any revision that is kept still refers to the same object (a tokenizer
 file shared by every checkpoint, the initial model, the current policy and reference). Nothing in
-git is touched: every metrics file, plot, history row and dvc.lock entry stays, and every Parquet
-table and the prepare outputs of every iteration stay in the cache.
+git is touched: every headline metrics file, plot, history row and dvc.lock entry stays, and every
+Parquet table, stage metrics file and the prepare outputs of every iteration stay in the cache.
 
 Kept whole: the work tree, HEAD, every local branch and the last K ``iteration-*`` tags.
 Only the local cache is pruned; a DVC remote keeps what was pushed (docs/multi-machine.md).

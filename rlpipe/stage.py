@@ -34,6 +34,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any, Callable, Iterator  # noqa: E402
 
 from rlpipe.errors import RlpipeError  # noqa: E402
+from rlpipe.headline import headline, headline_path  # noqa: E402
 from rlpipe.io import write_json  # noqa: E402
 
 
@@ -80,7 +81,12 @@ def engine_metrics(engine: Any) -> dict[str, Any]:
 
 
 def write_metrics(path: str | Path, stage: str, metrics: dict[str, Any], timer: PhaseTimer) -> None:
-    write_json(path, _no_negative_zero({"stage": stage, **metrics, "seconds": timer.report()}))
+    """The stage's metrics file, then its headline beside it (rlpipe/headline.py: what `dvc metrics show` prints)."""
+    full = _no_negative_zero({"stage": stage, **metrics, "seconds": timer.report()})
+    write_json(path, full)
+    short = headline_path(path)
+    short.parent.mkdir(parents=True, exist_ok=True)
+    write_json(short, headline(stage, full))
 
 
 def stage_main(stage: str) -> Callable[[Callable[..., None]], Callable[..., None]]:

@@ -1,8 +1,8 @@
 """Where a report's rows come from: a project directory or a git revision of it, and the run's metadata.
 
 A side of `rlpipe diff` and the target of `rlpipe inspect --rev` can be a git revision: a tag such
-as ``iteration-3`` (or just ``3``), a branch, a commit. Its params.yaml and metrics come from git
-(``git show REV:path``; `rlpipe iterate` commits them) and its artifacts, DVC outputs, through
+as ``iteration-3`` (or just ``3``), a branch, a commit. Its params.yaml comes from git (``git show
+REV:path``; `rlpipe iterate` commits it) and its artifacts and stage metrics, DVC outputs, through
 ``dvc.api.read(path, rev=REV)``, which reads the local DVC cache (or a remote) without touching
 the workspace. params.yaml is read leniently (plain YAML, not rlpipe.config's strict loader): a
 report also reads older runs, whose params may predate a key.
@@ -87,6 +87,35 @@ def read_artifact_at(repo: Path, rev: str, path: str, schema: ArtifactSchema) ->
         f.write_bytes(data)
         art = read_artifact(f, schema)
     return Artifact(frame=art.frame, metadata=art.metadata, path=Path(f"{rev}:{path}"))
+
+
+def stage_metrics_at(repo: Path, rev: str, metrics_dir: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Every stage's full metrics file at ``rev`` (``{stage: data}``) and notes on any that could not be read.
+
+    Older iterations committed them to git; since the headline split (rlpipe/headline.py) they are DVC
+    outputs, found through that revision's dvc.lock and read through DVC like any artifact."""
+    import json
+
+    metrics: dict[str, dict[str, Any]] = {}
+    listing = git(repo, "ls-tree", "--name-only", f"{rev}:{metrics_dir}")
+    for name in listing.stdout.split() if listing.returncode == 0 else []:
+        if name.endswith(".json"):
+            metrics[name.removesuffix(".json")] = json.loads(git(repo, "show", f"{rev}:{metrics_dir}/{name}").stdout)
+    lock = git(repo, "show", f"{rev}:dvc.lock")
+    stages = (yaml.safe_load(lock.stdout) or {}).get("stages", {}) if lock.returncode == 0 else {}
+    notes = []
+    for stage in stages.values():
+        for out in stage.get("outs", []):
+            path = Path(out.get("path", ""))
+            if path.parent != Path(metrics_dir) or path.suffix != ".json" or path.stem in metrics:
+                continue
+            try:
+                import dvc.api
+
+                metrics[path.stem] = json.loads(dvc.api.read(str(path), repo=str(repo), rev=rev))
+            except Exception as e:  # noqa: BLE001 - DVC raises many types (missing cache, no remote, ...)
+                notes.append(f"could not read {path} at {rev} through DVC ({dvc_read_problem(e)})")
+    return dict(sorted(metrics.items())), notes
 
 
 def dvc_read_problem(e: Exception) -> str:

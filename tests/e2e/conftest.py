@@ -53,6 +53,15 @@ def run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedPr
     return proc
 
 
+def metrics_at(root: Path, rev: str, stage: str) -> dict:
+    """A stage's full metrics file at a revision (a DVC output, rlpipe/headline.py), as `rlpipe diff` reads it."""
+    from rlpipe.reports.sources import stage_metrics_at
+
+    metrics, problems = stage_metrics_at(Path(root), rev, "metrics")
+    assert not problems, problems
+    return metrics[stage]
+
+
 def edit_params(path: Path, updates: dict[str, object]) -> None:
     data = yaml.safe_load(path.read_text())
     for dotted, value in updates.items():

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rlpipe.io import read_json
-from tests.e2e.conftest import make_project, run
+from tests.e2e.conftest import make_project, metrics_at, run
 from tests.e2e.test_pipeline import ran_stages
 from tests.e2e.test_stage_errors import ws  # noqa: F401  (fixture)
 
@@ -115,7 +115,7 @@ def test_overlapped_lora_iterations_sample_with_the_older_adapter(tmp_path):
     run(["rlpipe", "run", "-n", "3", "--max-staleness", "1"], root)
     checks = []
     for k in range(3):
-        train = json.loads(git(root, "show", f"iteration-{k}:metrics/train.json"))
+        train = metrics_at(root, f"iteration-{k}", "train")
         checks.append((train["sampler_policy_version"], train["staleness"], train["sampler_check"]))
         assert train["lora"]["continued"] is (k > 0)
     assert checks == [(0, 0, "passed"), (0, 1, "sampled 1 version(s) behind the trainer (overlapped)"),

@@ -13,6 +13,8 @@ from tests.test_docs import doc_test_blocks
 
 pytestmark = pytest.mark.slow
 
+STAGES = ("prepare", "generate", "train_reward_model", "score", "reference_logprob", "values", "advantage", "train",
+          "evaluate")
 ITERATION_PLOTS = ["accuracy per iteration (held-out greedy, train samples)", "reward per iteration",
                    "KL per iteration (to the reference, to pi_old)", "clip fraction and entropy per iteration",
                    "completion length per iteration"]
@@ -74,9 +76,15 @@ def test_metrics_plots_and_diff_after_iterate(project_copy):
     shown = json.loads(run(["dvc", "metrics", "show", "--json"], root).stdout)
     assert len(shown) == 1  # the workspace (its key is "" or "workspace", depending on the DVC version)
     workspace = next(iter(shown.values()))["data"]
-    assert {f"metrics/{s}.json" for s in ("generate", "score", "train", "evaluate")} <= set(workspace)
-    evaluate = workspace["metrics/evaluate.json"]["data"]
-    assert "accuracy" in evaluate and "total" in evaluate["seconds"]
+    # the headline only (rlpipe/headline.py): one row per stage, nine columns; the rest stays in metrics/<stage>.json
+    assert set(workspace) == {f"metrics/headline/{s}.json" for s in STAGES}
+    columns = {key for f in workspace.values() for key in f["data"]}
+    assert columns == {"accuracy", "reward_mean", "length_mean", "truncation_rate", "zero_variance_fraction",
+                       "kl_ref", "approx_kl_old", "clip_fraction", "seconds"}
+    evaluate, full = workspace["metrics/headline/evaluate.json"]["data"], read_json(root / "metrics/evaluate.json")
+    assert evaluate == {"accuracy": full["accuracy"], "reward_mean": full["reward_mean"],
+                        "length_mean": full["length_mean"], "seconds": full["seconds"]["total"]}
+    assert len(run(["dvc", "metrics", "show"], root).stdout.splitlines()[0]) < 200  # was 2,036 characters
     assert json.loads(run(["dvc", "metrics", "diff", "iteration-0", "--all", "--json"], root).stdout) is not None
 
     plots = json.loads(run(["dvc", "plots", "show", "--json"], root).stdout)
@@ -89,9 +97,11 @@ def test_metrics_plots_and_diff_after_iterate(project_copy):
     diffed = json.loads(run(["dvc", "plots", "diff", "iteration-0", "--json"], root).stdout)
     assert set(diffed["data"][ITERATION_PLOTS[0]][0]["revisions"]) == {"iteration-0", "workspace"}
 
-    # A git tag on one side: metrics through git, eval rollouts through DVC from the cache.
+    # A git tag on one side: its stage metrics and eval rollouts through DVC from the cache.
     data = json.loads(run(["rlpipe", "diff", "iteration-0", ".", "--json"], root).stdout)
     assert data["a"] == "iteration-0" and data["notes"] == []
+    kl_row = next(m for m in data["metrics"] if m["metric"] == "KL to reference (trainer, kl_ref)")
+    assert kl_row["a"] == read_json(root / "metrics/train.json")["kl_ref"]  # a key only the full file has
     assert data["flips"]["compared"] == 24
     assert (data["flips"]["wrong_to_right"], data["flips"]["right_to_wrong"]) == (0, 0)
     assert data["flips"]["examples_wrong_to_right"] == []
@@ -125,14 +135,14 @@ def test_exp_run_sweeps_a_param_and_exp_show_lists_the_metrics(project_copy):
     proc = run(["bash", "-euo", "pipefail", "-c", code], root)
     assert "Running stage 'train'" in proc.stdout and "Running stage 'generate'" not in proc.stdout
     assert "Running stage 'evaluate'" in proc.stdout
-    assert "metrics/evaluate.json:accuracy" in proc.stdout and "5e-05" in proc.stdout  # the doc's exp show table
+    assert "metrics/headline/evaluate.json:accuracy" in proc.stdout and "5e-05" in proc.stdout  # the doc's table
     shown = json.loads(run(["dvc", "exp", "show", "--json"], root).stdout)
     exps = [e for base in shown for e in (base.get("experiments") or [])]
     assert len(exps) == 1
     data = exps[0]["revs"][0]["data"]
     assert data["params"]["params.yaml"]["data"]["train"]["lr"] == 5e-5
     metrics = data["metrics"]
-    assert set(metrics["metrics/evaluate.json"]["data"]) >= {"accuracy", "reward_mean"}
-    assert set(metrics["metrics/train.json"]["data"]) >= {"kl_ref", "clip_fraction", "approx_kl_old"}
+    assert set(metrics["metrics/headline/evaluate.json"]["data"]) >= {"accuracy", "reward_mean"}
+    assert set(metrics["metrics/headline/train.json"]["data"]) >= {"kl_ref", "clip_fraction", "approx_kl_old"}
     refused = run(["rlpipe", "iterate"], root, check=False)  # the workspace holds the experiment's results
     assert refused.returncode == 2 and "left by `dvc exp run` or `dvc exp apply`" in refused.stderr

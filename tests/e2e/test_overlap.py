@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e.conftest import env, run
+from tests.e2e.conftest import env, metrics_at, run
 from tests.e2e.test_long_runs import git
 
 pytestmark = pytest.mark.slow
@@ -46,7 +46,7 @@ def test_the_next_iteration_is_sampled_ahead_and_restored_from_the_run_cache(ove
 def test_each_iteration_records_its_sampler_and_staleness_and_restores(overlapped):
     root, _ = overlapped
     for k, (version, staleness) in enumerate([(0, 0), (0, 1), (1, 1)]):
-        train = json.loads(git(root, "show", f"iteration-{k}:metrics/train.json"))
+        train = metrics_at(root, f"iteration-{k}", "train")
         assert (train["sampler_policy_version"], train["staleness"], train["policy_version_out"]) == (version, staleness,
                                                                                                     k + 1)
         assert train["is_weight_min"] <= 1.0 <= train["is_weight_max"]
@@ -56,7 +56,7 @@ def test_each_iteration_records_its_sampler_and_staleness_and_restores(overlappe
         run(["git", "checkout", "-q", f"iteration-{k}"], work)
         run(["dvc", "checkout"], work)
         assert "Data and pipelines are up to date" in run(["dvc", "status"], work).stdout, k
-        rollouts_version = json.loads(git(work, "show", f"iteration-{k}:metrics/generate.json"))["policy_version"]
+        rollouts_version = metrics_at(work, f"iteration-{k}", "generate")["policy_version"]
         assert rollouts_version == [0, 0, 1][k]
 
 
@@ -102,7 +102,7 @@ def test_evaluate_uses_an_engine_on_the_training_gpus_when_generation_has_its_ow
     assert "stopped on request after serving 1 request(s)" in log  # iteration 1's evaluate (0's ran before)
     assert lifecycle.status("train-engine", root) is None and lifecycle.status("engine", root) is None
     for k in (0, 1):
-        ours = json.loads(git(root, "show", f"iteration-{k}:metrics/evaluate.json"))
-        theirs = json.loads(git(fixture_root, "show", f"iteration-{k}:metrics/evaluate.json"))
+        ours = metrics_at(root, f"iteration-{k}", "evaluate")
+        theirs = metrics_at(fixture_root, f"iteration-{k}", "evaluate")
         assert ours["accuracy"] == theirs["accuracy"], k
     assert ours["engine_server"] is True  # iteration 1's evaluate, served while iteration 2 was sampled ahead
