@@ -57,7 +57,8 @@ def warm_imports() -> None:
     submodule of them that a stage pulls in (torch.distributed, transformers' attention code, peft...).
 
     The rlpipe modules are only a means: every child drops them and imports them again from disk.
-    Nothing here creates a tensor or starts a thread pool (checked in tests/worker).
+    Nothing here creates a tensor or starts a thread beyond the idle ones numpy, polars and pyarrow start on
+    import (checked in tests/e2e/test_warm_servers.py).
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -68,6 +69,15 @@ def warm_imports() -> None:
     import numpy  # noqa: F401
     import polars  # noqa: F401
     import pyarrow.parquet  # noqa: F401
+    # What pyarrow imports lazily on the first Parquet read (its dataset layer, and pandas when installed):
+    # ~300 modules, 0.4 s in every stage's child before these were warmed (issue 12).
+    import pyarrow.compute  # noqa: F401
+    import pyarrow.dataset  # noqa: F401
+    import pyarrow.pandas_compat  # noqa: F401
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        pass
     import rich.progress  # noqa: F401
     import safetensors.torch  # noqa: F401
     import torch  # noqa: F401

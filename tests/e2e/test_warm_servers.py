@@ -211,3 +211,34 @@ def test_run_with_and_without_servers_writes_the_same_artifacts(reproduced, tmp_
     for rel in ("artifacts/generate/rollouts.parquet", "artifacts/train/checkpoint/model.safetensors",
                 "artifacts/evaluate/eval_rollouts.parquet", "state/policy/model.safetensors", "history/iterations.jsonl"):
         assert (roots["--servers"] / rel).read_bytes() == (roots["--no-servers"] / rel).read_bytes(), rel
+
+
+WARM_THEN_FORK = r"""
+import os, sys, threading
+import numpy, polars as pl, pyarrow.parquet, torch, transformers
+on_import = len(os.listdir("/proc/self/task"))  # the idle threads numpy, polars and pyarrow start on import
+from rlpipe.worker.stage_server import warm_imports
+warm_imports()
+threads = len(os.listdir("/proc/self/task"))
+pid = os.fork()
+if pid == 0:  # what a stage's child does first: write and read a Parquet artifact
+    from rlpipe.io import read_artifact, write_artifact
+    from rlpipe.schema import VALUES
+    before = set(sys.modules)
+    write_artifact(pl.DataFrame(schema=VALUES.polars_schema()), sys.argv[1], VALUES, metadata={})
+    read_artifact(sys.argv[1], VALUES)
+    new = sorted(m for m in set(sys.modules) - before if m.split(".")[0] in ("pyarrow", "pandas", "polars", "numpy"))
+    print("NEW", new, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print("THREADS", threads - on_import, threading.active_count())
+"""
+
+
+def test_the_stage_server_warms_what_a_parquet_read_imports_and_starts_no_thread(tmp_path):
+    """Children of the server must not import pyarrow's lazy layers again (0.4 s a stage on the 2-core box,
+    issue 12), and warming must start no thread of its own before the server forks (a forked pool can deadlock)."""
+    out = subprocess.run([sys.executable, "-c", WARM_THEN_FORK, str(tmp_path / "v.parquet")], env=env(),
+                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    assert "NEW []" in out, out
+    assert "THREADS 0 1" in out, out  # no thread beyond those the imports start, no Python thread
