@@ -23,8 +23,11 @@ at k+1 in the work tree but k at HEAD (only the commit of the start of k+1 is mi
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +120,46 @@ def _run(cmd: list[str], cwd: Path) -> str:
     if proc.returncode != 0:
         raise RlpipeError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
     return proc.stdout
+
+
+def release_stale_index_lock(root: Path) -> bool:
+    """Remove ``.git/index.lock`` left by a git (or DVC's autostage) killed mid-write; True if there was one.
+
+    A kill -9 during `rlpipe iterate`'s commit or DVC's ``git add`` leaves it, and then every git
+    write fails ("index.lock: File exists"; in DVC an unhandled FileLocked), so a run could not resume.
+    The lock is stale when no process holds it open: git and dulwich keep it open until they rename
+    it. A lock some process still holds is refused, naming it.
+    """
+    lock = root / ".git" / "index.lock"
+    if not lock.is_file():
+        return False
+    holders = _processes_holding(lock)
+    if holders:
+        raise RlpipeError(f"{lock}: held by process(es) {holders}: another git command is writing this repository; "
+                          "let it finish, then run again")
+    if holders is None and time.time() - lock.stat().st_mtime < 600:  # no /proc to ask: trust only an old lock
+        raise RlpipeError(f"{lock}: another git command may be writing this repository; if none is, remove the "
+                          "file and run again")
+    lock.unlink(missing_ok=True)
+    print(f"rlpipe: removed {lock}, left by a git command that was killed (no process holds it)", file=sys.stderr)
+    return True
+
+
+def _processes_holding(path: Path) -> list[int] | None:
+    """The pids with ``path`` open (Linux /proc); None where /proc cannot tell."""
+    proc = Path("/proc")
+    if not (proc / "self" / "fd").is_dir():
+        return None
+    target, holders = str(path.resolve()), []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) == target for fd in (entry / "fd").iterdir()):
+                holders.append(int(entry.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return holders
 
 
 def stale_stages(root: Path, *, ignore_state: bool = False) -> dict[str, Any]:
@@ -245,6 +288,7 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
     """
     root = Path(root)
     if commit:
+        release_stale_index_lock(root)
         finish_interrupted_start(root, params_file=params_file)
     params = load_params(root / params_file)
     k = params.iteration

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,25 @@ def test_handover_started_when_killed_inside_the_directory_swap(tmp_path):
     write_version(tmp_path / params.paths.checkpoint, 1)  # iteration 0 trained
     write_version(tmp_path / "state/.policy.tmp-12345", 1)  # the new copy, not yet renamed into place
     assert handover_started(tmp_path, params)
+
+
+def test_a_stale_git_index_lock_is_removed_and_a_held_one_refused(tmp_path, capsys):
+    """kill -9 in a git write (rlpipe iterate's commit, DVC's autostage) leaves .git/index.lock; every later git
+    write then fails. A lock no process holds is removed; one a process holds open is refused, naming it."""
+    import subprocess
+
+    from rlpipe.errors import RlpipeError
+    from rlpipe.iterate import release_stale_index_lock
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    assert release_stale_index_lock(tmp_path) is False  # none: nothing to do
+    lock = tmp_path / ".git" / "index.lock"
+    lock.write_text("")
+    with open(lock) as held:  # this process holds it, as a git command in progress does
+        with pytest.raises(RlpipeError, match=rf"index.lock: held by process\(es\) \[{os.getpid()}\]"):
+            release_stale_index_lock(tmp_path)
+        assert lock.exists() and not held.closed
+    assert release_stale_index_lock(tmp_path) is True
+    assert not lock.exists() and "left by a git command that was killed" in capsys.readouterr().err
+    (tmp_path / "f").write_text("x")
+    subprocess.run(["git", "add", "f"], cwd=tmp_path, check=True)  # git writes again

@@ -114,8 +114,20 @@ def repro(root: str | os.PathLike, targets: list[str] | None = None) -> list[str
             with Repo(str(root)) as repo:
                 stages = repo.reproduce(targets or None)
         except DvcException as e:
-            raise RlpipeError(f"`dvc repro` failed: {e}") from None
+            raise RlpipeError(f"`dvc repro` failed: {with_causes(e)}") from None
     return [s.addressing for s in stages]
+
+
+def with_causes(e: BaseException) -> str:
+    """An exception's message followed by its causes', as the dvc command prints them: DVC raises
+    "failed to reproduce 'x'" from the error that says why."""
+    parts: list[str] = []
+    while e is not None and len(parts) < 5:
+        text = str(e) or type(e).__name__
+        if text not in parts:
+            parts.append(text)
+        e = e.__cause__ or e.__context__
+    return ": ".join(parts)
 
 
 def status(root: str | os.PathLike) -> dict[str, Any]:

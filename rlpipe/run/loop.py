@@ -7,10 +7,11 @@ With ``servers``, stages run in the warm stage server and generation in the engi
 (`rlpipe.run.servers`): the same outputs, without paying imports and engine start in every stage.
 
 With ``policy.max_staleness`` S > 0 (overlapped iterations, docs/overlap.md), each iteration runs in
-two steps: the stages that could run ahead (`rlpipe.run.ahead.sampled_ahead`: restored from the
-run cache when they did), then the rest (train, evaluate...), during which the next iteration's
-sampling runs ahead (`rlpipe.run.ahead`). With generation on GPUs of its own, the reference pass
-is in the second step, on the training GPUs, so the generation GPUs never wait for it.
+two steps: its sampling stages (`sampling_targets`: restored from the run cache when they ran
+ahead), then the rest (train, evaluate...), during which the next iteration's sampling runs ahead
+(`rlpipe.run.ahead`). With generation on GPUs of its own, the first step is only generate and
+score, and the reference pass is in the second, on the training GPUs, so the generation GPUs never
+wait for it.
 """
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Callable
 
-from rlpipe.config import load_params
+from rlpipe.config import Params, load_params
 from rlpipe.errors import RlpipeError
-from rlpipe.iterate import advance, finish_interrupted_start, handover_started, set_params
+from rlpipe.iterate import advance, finish_interrupted_start, handover_started, release_stale_index_lock, set_params
 from rlpipe.run import dvc, policies
 
 def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "params.yaml", commit: bool = True,
@@ -33,12 +34,13 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
 
     ``max_staleness``: sets ``policy.max_staleness`` in params.yaml first (None: keep what it says).
     """
-    from rlpipe.run.ahead import Prefetch, sampled_ahead
+    from rlpipe.run.ahead import Prefetch
     from rlpipe.run.servers import RunServers, environment
 
     root = Path(root).resolve()
     rows: list[dict[str, Any]] = []
     if commit:
+        release_stale_index_lock(root)  # a kill -9 in a git write leaves it: nothing could be committed
         finish_interrupted_start(root, params_file=params_file)
     params = load_params(root / params_file)
     if max_staleness is not None and max_staleness != params.policy.max_staleness:
@@ -64,7 +66,7 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
                             with clock("wait_ahead"):
                                 ahead.wait()  # iteration k's own prefetch, started during k-1: never sample twice
                             with clock("repro"):  # restores what ran ahead (runs it in iteration 0)
-                                _repro(root, params.iteration, until, sampled_ahead(params, params.iteration))
+                                _repro(root, params.iteration, until, sampling_targets(params))
                             if params.iteration + 1 < until:
                                 with clock("start_ahead"):
                                     _start_ahead(ahead, root, params, params_file, running.env_for_sampling())
@@ -81,6 +83,19 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
                 if ahead is not None:
                     ahead.close()
     return rows
+
+
+def sampling_targets(params: Params) -> list[str]:
+    """What the loop reproduces before it starts the next iteration's sampling ahead.
+
+    With generation on GPUs of its own, only the stages that ran ahead (restored from the run cache):
+    the next sampling then starts before this iteration's reference pass, which runs on the training
+    GPUs. With shared devices, every stage train reads (``dvc repro advantage``), as both sides compete
+    for the same devices anyway.
+    """
+    from rlpipe.run.ahead import generation_has_own_devices, sampled_ahead
+
+    return sampled_ahead(params, params.iteration) if generation_has_own_devices(params) else ["advantage"]
 
 
 def _repro(root: Path, iteration: int, until: int, targets: list[str] | None) -> None:

@@ -78,3 +78,21 @@ def test_a_lock_write_cut_short_leaves_the_old_lock_whole(tmp_path):
             assert sorted(p.name for p in tmp_path.iterdir()) == [".rlpipe", "dvc.lock"]  # the scratch copy is git-ignored
         else:  # what DVC alone leaves: the old lock truncated away (a kill leaves part of the new one)
             assert lock.read_bytes() == b""
+
+
+def test_a_failed_repro_names_dvcs_reason_not_only_the_stage(tmp_path):
+    """DVC raises "failed to reproduce 'x'" from the error that says why; rlpipe's message keeps both."""
+    import subprocess
+
+    from rlpipe.errors import RlpipeError
+    from rlpipe.run.dvc import repro
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["dvc", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "dvc.yaml").write_text("stages:\n  broken:\n    cmd: python -c 'import sys; sys.exit(3)'\n"
+                                       "    outs:\n      - out.txt\n")
+    with pytest.raises(RlpipeError) as e:
+        repro(tmp_path, ["broken"])
+    message = str(e.value)
+    assert message.startswith("`dvc repro` failed: failed to reproduce 'broken': ")
+    assert "exited with 3" in message, message

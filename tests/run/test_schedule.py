@@ -104,6 +104,11 @@ def test_what_runs_ahead_is_what_does_not_wait_for_this_iteration(tmp_path):
     split = split_params(tmp_path)
     assert prefetchable(split) == sampled_ahead(split, split.iteration + 1) == ["generate", "score"]
     assert sampled_ahead(params_with(tmp_path), 0) == ["generate", "score", "reference_logprob", "values"]
+    # what the loop restores before it starts the next sampling: with shared devices all of sampling, as always
+    from rlpipe.run.loop import sampling_targets
+
+    assert sampling_targets(split) == ["generate", "score"]
+    assert sampling_targets(params_with(tmp_path)) == ["advantage"]
     data["iteration"], data["policy"]["max_staleness"], data["policy"]["version"] = 4, 2, 3
     data["policy"]["path"], data["policy"]["latest_path"] = "state/sampler", "state/policy"
     assert next_sampling_params(load_params(dump(tmp_path, data))) == {
