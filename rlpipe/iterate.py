@@ -255,8 +255,10 @@ def finish_interrupted_start(root: Path, *, params_file: str = "params.yaml") ->
     """Finish an ``advance`` killed after it rewrote params.yaml: the commit "start iteration k", the pruning.
 
     The sign: HEAD is tagged ``iteration-(k-1)`` and its params.yaml still says k-1 while the work
-    tree's says k. Returns whether it had to.
+    tree's says k. Returns whether it had to. First removes a stale ``.git/index.lock``
+    (`release_stale_index_lock`): every resume starts here, and a killed git write leaves one.
     """
+    release_stale_index_lock(root)
     params = load_params(root / params_file)
     k = params.iteration
     if k == 0 or not _tag_at_head(root, k - 1):
@@ -288,7 +290,6 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
     """
     root = Path(root)
     if commit:
-        release_stale_index_lock(root)
         finish_interrupted_start(root, params_file=params_file)
     params = load_params(root / params_file)
     k = params.iteration

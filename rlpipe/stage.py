@@ -84,9 +84,7 @@ def write_metrics(path: str | Path, stage: str, metrics: dict[str, Any], timer: 
     """The stage's metrics file, then its headline beside it (rlpipe/headline.py: what `dvc metrics show` prints)."""
     full = _no_negative_zero({"stage": stage, **metrics, "seconds": timer.report()})
     write_json(path, full)
-    short = headline_path(path)
-    short.parent.mkdir(parents=True, exist_ok=True)
-    write_json(short, headline(stage, full))
+    write_json(headline_path(path), headline(stage, full))
 
 
 def stage_main(stage: str) -> Callable[[Callable[..., None]], Callable[..., None]]:

@@ -9,6 +9,7 @@ report also reads older runs, whose params may predate a key.
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import tempfile
 from pathlib import Path
@@ -94,27 +95,24 @@ def stage_metrics_at(repo: Path, rev: str, metrics_dir: str) -> tuple[dict[str, 
 
     Older iterations committed them to git; since the headline split (rlpipe/headline.py) they are DVC
     outputs, found through that revision's dvc.lock and read through DVC like any artifact."""
-    import json
+    from rlpipe.gc import revision_outs
 
     metrics: dict[str, dict[str, Any]] = {}
     listing = git(repo, "ls-tree", "--name-only", f"{rev}:{metrics_dir}")
     for name in listing.stdout.split() if listing.returncode == 0 else []:
         if name.endswith(".json"):
             metrics[name.removesuffix(".json")] = json.loads(git(repo, "show", f"{rev}:{metrics_dir}/{name}").stdout)
-    lock = git(repo, "show", f"{rev}:dvc.lock")
-    stages = (yaml.safe_load(lock.stdout) or {}).get("stages", {}) if lock.returncode == 0 else {}
     notes = []
-    for stage in stages.values():
-        for out in stage.get("outs", []):
-            path = Path(out.get("path", ""))
-            if path.parent != Path(metrics_dir) or path.suffix != ".json" or path.stem in metrics:
-                continue
-            try:
-                import dvc.api
+    for out, _ in revision_outs(repo, rev):
+        path = Path(out)
+        if path.parent != Path(metrics_dir) or path.suffix != ".json" or path.stem in metrics:
+            continue
+        try:
+            import dvc.api
 
-                metrics[path.stem] = json.loads(dvc.api.read(str(path), repo=str(repo), rev=rev))
-            except Exception as e:  # noqa: BLE001 - DVC raises many types (missing cache, no remote, ...)
-                notes.append(f"could not read {path} at {rev} through DVC ({dvc_read_problem(e)})")
+            metrics[path.stem] = json.loads(dvc.api.read(out, repo=str(repo), rev=rev))
+        except Exception as e:  # noqa: BLE001 - DVC raises many types (missing cache, no remote, ...)
+            notes.append(f"could not read {path} at {rev} through DVC ({dvc_read_problem(e)})")
     return dict(sorted(metrics.items())), notes
 
 

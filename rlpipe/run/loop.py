@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from rlpipe.config import Params, load_params
 from rlpipe.errors import RlpipeError
-from rlpipe.iterate import advance, finish_interrupted_start, handover_started, release_stale_index_lock, set_params
+from rlpipe.iterate import advance, finish_interrupted_start, handover_started, set_params
 from rlpipe.run import dvc, policies
 
 def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "params.yaml", commit: bool = True,
@@ -40,7 +40,6 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
     root = Path(root).resolve()
     rows: list[dict[str, Any]] = []
     if commit:
-        release_stale_index_lock(root)  # a kill -9 in a git write leaves it: nothing could be committed
         finish_interrupted_start(root, params_file=params_file)
     params = load_params(root / params_file)
     if max_staleness is not None and max_staleness != params.policy.max_staleness:
