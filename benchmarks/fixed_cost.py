@@ -15,6 +15,12 @@ CPU: the embedded tiny default (`--tiny`), e.g. for the stage server's effect on
 
     python benchmarks/fixed_cost.py --workdir /tmp/fc-tiny --tiny --iterations 3 [--no-servers]
 
+CPU, the file and DVC costs of the 0.5B shape (bf16 checkpoints with their float32 master copy, 3.0 GB
+an iteration) with next to no compute:
+
+    python benchmarks/fixed_cost.py --workdir /tmp/fc05 --shape 0.5b --device cpu --cpu-bf16 \
+        --prompts 8 --group 2 --new-tokens 4 --eval-prompts 4 --prompt-words 16 --iterations 3
+
 Without DVC's git integration (`dvc init --no-scm`, `rlpipe run --no-commit`), so it runs on a
 machine without git; DVC's hashing, caching and lock files are all there.
 """
@@ -138,7 +144,10 @@ def setup(work: Path, args) -> None:
         settings = gpu_params(str(model.relative_to(work)), args.prompts, args.group, args.new_tokens, args.prompt_words,
                               args.vllm_memory)
         if args.device == "cpu":
-            settings = json.loads(json.dumps(settings).replace('"cuda"', '"cpu"').replace('"bfloat16"', '"float32"'))
+            text = json.dumps(settings).replace('"cuda"', '"cpu"')
+            if not args.cpu_bf16:
+                text = text.replace('"bfloat16"', '"float32"')
+            settings = json.loads(text)
         params = merge(params, settings)
         dvc_yaml = user_mode_dvc_yaml(dvc_yaml)
     params = merge(params, {"worker": {"stage_server": args.servers, "engine_server": "auto" if args.servers else False,
@@ -180,6 +189,8 @@ def main() -> None:
                     help="generate.vllm.gpu_memory_utilization (lower it when train shares the GPU at the same time)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the --shape workload on the CPU "
                                                                             "(to check the script; use --shape check)")
+    ap.add_argument("--cpu-bf16", action="store_true", help="with --device cpu: keep bf16 (checkpoints with a float32 "
+                                                             "master copy, as on a GPU) to time the file and DVC costs")
     ap.add_argument("--generate-devices", help='worker.generate_devices, e.g. "0": generation on its own GPUs')
     ap.add_argument("--train-devices", help='worker.train_devices, e.g. "1": the other stages on these GPUs')
     ap.add_argument("--lora-rank", type=int, default=0, help="R > 0: train.lora.rank R (and 10x train.lr)")

@@ -330,11 +330,11 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
     updates: dict[str, Any] = {"iteration": k + 1, "policy.latest_path": STATE_POLICY}
     updates.update(_next_sampler(root, params, ckpt))  # before state/policy is replaced: it may be the one kept
     _replace_dir(ckpt, root / STATE_POLICY)
-    dvc.add(root, STATE_POLICY)
+    dvc.add(root, STATE_POLICY, linked_from=params.paths.checkpoint)
     K = params.reference.refresh_every
     if K > 0 and (k + 1) % K == 0:
         _replace_dir(ckpt, root / STATE_REFERENCE)
-        dvc.add(root, STATE_REFERENCE)
+        dvc.add(root, STATE_REFERENCE, linked_from=params.paths.checkpoint)
         updates.update({"reference.path": STATE_REFERENCE, "reference.version": k + 1})
     updates.update(_carried_state(root, params, ckpt_version=k + 1))
     set_params(root / params_file, updates)
@@ -373,7 +373,7 @@ def _carried_state(root: Path, params: Params, *, ckpt_version: int) -> dict[str
             raise RlpipeError(f"{critic}: holds critic version {info.get('critic_version')}, expected {ckpt_version}; "
                               "run `dvc repro` first")
         _replace_dir(critic, root / STATE_CRITIC)
-        dvc.add(root, STATE_CRITIC)
+        dvc.add(root, STATE_CRITIC, linked_from=params.paths.critic_checkpoint)
         updates["critic.path"] = STATE_CRITIC
     kl = read_json(root / params.paths.kl_controller)
     if kl["in_reward"] and kl["adaptive"]:

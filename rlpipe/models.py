@@ -131,7 +131,7 @@ def model_eos_token_ids(path: str | Path, tokenizer: Any) -> list[int]:
     return eos_token_ids(SimpleNamespace(generation_config=generation), tokenizer)
 
 
-MASTER_DIR = "master"  # a float32 copy of the weights (a model dir of its own) for the next train stage only
+MASTER_DIR = "master"  # the float32 weights for the next train stage only: low bits beside bf16, or a model dir
 
 
 def stored_dtype(path: str | Path) -> str:
@@ -141,10 +141,46 @@ def stored_dtype(path: str | Path) -> str:
     return name if name in DTYPES else "float32"
 
 
-def trainable_weights_dir(path: str | Path) -> Path:
-    """Where train loads a policy's weights from: its float32 master copy when it has one, else the dir itself."""
+def load_trainable_model(path: str | Path, *, device: str) -> tuple[Any, bool]:
+    """The policy in float32 as train starts from it, and whether those are its exact master weights.
+
+    A bf16 checkpoint carries its float32 master weights as the low bits bf16 drops
+    (``master/low_bits.safetensors``, `rlpipe.master_weights`); a float16 one (and checkpoints written
+    before that format) as a float32 model dir in ``master/``; others have none, and their own weights
+    are the master.
+    """
     master = Path(path) / MASTER_DIR
-    return master if (master / "config.json").is_file() else Path(path)
+    low_bits = master / "low_bits.safetensors"
+    if low_bits.is_file() and not is_adapter_dir(path):
+        from rlpipe.master_weights import apply_low_bits
+
+        model = load_model(path, device=device, dtype="float32")
+        try:
+            apply_low_bits(model, low_bits)
+        except ValueError as e:  # the message names the file
+            raise ArtifactError(str(e)) from None
+        return model, True
+    if (master / "config.json").is_file():
+        return load_model(master, device=device, dtype="float32"), True
+    return load_model(path, device=device, dtype="float32"), False
+
+
+def _converted_state_dict(model: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``model``'s state dict in ``dtype``, with tensors that share storage (tied embeddings) converted once.
+
+    Why: converted one by one, the tied input and output embeddings become two tensors, and
+    `save_pretrained` then writes both: 0.27 GB more for a Qwen2.5-0.5B shape in bf16 (a 151,936 x 896
+    matrix), to write, hash, cache, push and load every iteration. Shared, they are saved once, as in
+    the float32 model.
+    """
+    converted: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+        if key not in converted:
+            converted[key] = tensor.detach().to(dtype)
+        out[name] = converted[key]
+    return out
 
 
 def save_checkpoint(model: Any, tokenizer: Any, out_dir: str | Path, *, policy_version: int,
@@ -153,10 +189,11 @@ def save_checkpoint(model: Any, tokenizer: Any, out_dir: str | Path, *, policy_v
 
     ``dtype``: the precision of the saved weights, which generate, reference_logprob and evaluate load
     (the policy's own, bf16 for most models: half the bytes of float32 to write, cache, push and load).
-    ``master_weights``: also save the float32 weights as a model dir in ``master/``, where the next
-    train stage starts from (`trainable_weights_dir`), so an iteration's update is not rounded away
-    (bf16 keeps 8 significant bits: a change of less than ~0.4% of a weight vanishes when rounded).
-    vLLM and transformers read only the top-level weights.
+    ``master_weights``: also save the exact float32 weights in ``master/``, where the next train stage
+    starts from (`load_trainable_model`), so an iteration's update is not rounded away (bf16 keeps 8
+    significant bits: a change of less than ~0.4% of a weight vanishes when rounded). For bf16, the 16
+    bits that rounding dropped (`rlpipe.master_weights`: 2 bytes a parameter, not 4); for float16 a
+    float32 model dir. vLLM and transformers read only the top-level weights.
     """
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
@@ -164,10 +201,14 @@ def save_checkpoint(model: Any, tokenizer: Any, out_dir: str | Path, *, policy_v
         if target == torch.float32:
             model.save_pretrained(str(tmp), safe_serialization=True)
         else:
-            if master_weights:
+            if master_weights and target == torch.bfloat16:
+                from rlpipe.master_weights import LOW_BITS_FILE, save_low_bits
+
+                (tmp / MASTER_DIR).mkdir()
+                save_low_bits(model.state_dict(), tmp / MASTER_DIR / LOW_BITS_FILE)
+            elif master_weights:
                 model.save_pretrained(str(tmp / MASTER_DIR), safe_serialization=True)
-            model.save_pretrained(str(tmp), safe_serialization=True,
-                                  state_dict={k: v.detach().to(target) for k, v in model.state_dict().items()})
+            model.save_pretrained(str(tmp), safe_serialization=True, state_dict=_converted_state_dict(model, target))
             # save_pretrained records the in-memory (float32) dtype; loaders with dtype "auto" read this field
             config = json.loads((tmp / "config.json").read_text())
             config.pop("torch_dtype", None)

@@ -16,14 +16,13 @@ On several GPUs (FSDP2; docs/distributed.md), the same arguments:
 import rlpipe.stage as stage  # first: starts the stage clock
 
 import dataclasses
-from pathlib import Path
 
 import typer
 
 from rlpipe.config import fine_points, load_params
 from rlpipe.io import read_artifact, write_artifact
-from rlpipe.models import (load_model, load_tokenizer, read_policy_version, save_checkpoint, setup_torch,
-                           stored_dtype, trainable_weights_dir)
+from rlpipe.models import (load_tokenizer, load_trainable_model, read_policy_version, save_checkpoint,
+                           setup_torch, stored_dtype)
 from rlpipe.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS, VALUES
 from rlpipe.critic import load_critic, save_critic
 from rlpipe.distributed import finish, start
@@ -83,14 +82,13 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
 
             lora = lora_for_training(policy, cfg.lora, device=cfg.device,
                                      replaced=[p.paths.checkpoint, "state", ".rlpipe"])
-            weights, model = Path(policy), lora.peft_model.get_base_model()
+            master_loaded, model = False, lora.peft_model.get_base_model()
         elif is_adapter_dir(policy):
             raise ConfigError(f"train.lora.rank: null (full fine-tuning), but policy.latest_path {policy} is a LoRA "
                               "adapter: set train.lora as the adapter was trained, or `rlpipe export --merge` it "
                               "and start full fine-tuning from the merged model")
         else:
-            weights = trainable_weights_dir(policy)  # the exact float32 weights the last train ended with, if kept
-            model = load_model(weights, device=cfg.device, dtype="float32")
+            model, master_loaded = load_trainable_model(policy, device=cfg.device)  # the exact float32 weights
         critic_model = load_critic(critic, seed=p.seed, device=cfg.device) if with_critic else None
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(model)
@@ -168,7 +166,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
          "sampler_check": skip_check or "passed",
          "lora": lora.metrics() if lora is not None else None,
          "resumed_from_step": int(state["step"]) if state else 0, "resume_states_written": states.written,
-         "checkpoint_dtype": save_dtype, "master_weights": {"loaded": weights != Path(policy), "saved": master and
+         "checkpoint_dtype": save_dtype, "master_weights": {"loaded": master_loaded, "saved": master and
                                                             save_dtype != "float32"}}
     stage.write_metrics(metrics, "train", m, timer)
     stage.summary_line("train", steps=m["optimizer_steps"], sequences=m["trained_sequences"],

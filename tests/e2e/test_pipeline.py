@@ -83,6 +83,30 @@ def test_training_changed_the_weights(reproduced):
     assert json.loads((reproduced / "artifacts/train/checkpoint/rlpipe.json").read_text()) == {"policy_version": 1, "dtype": "float32", "master_weights": False}
 
 
+def test_a_bf16_checkpoint_carries_the_exact_float32_weights(project_copy):
+    """train.save_dtype bfloat16: the top-level weights are bf16, and the master low bits beside them give
+    back, bit for bit, the float32 weights that the same training saves with save_dtype float32."""
+    float32 = load_file(str(project_copy / "artifacts/train/checkpoint/model.safetensors"))
+    edit_params(project_copy / "params.yaml", {"train.save_dtype": "bfloat16"})
+    assert ran_stages(run(["dvc", "repro", "--single-item", "train"], project_copy).stdout) == ["train"]
+    ckpt = project_copy / "artifacts/train/checkpoint"
+    assert json.loads((ckpt / "rlpipe.json").read_text()) == {"policy_version": 1, "dtype": "bfloat16",
+                                                            "master_weights": True}
+    assert sorted(p.name for p in (ckpt / "master").iterdir()) == ["low_bits.safetensors"]
+    bf16 = load_file(str(ckpt / "model.safetensors"))
+    assert bf16.keys() == float32.keys() and all(t.dtype == torch.bfloat16 for t in bf16.values())
+    from rlpipe.models import load_trainable_model
+
+    exact, loaded_master = load_trainable_model(ckpt, device="cpu")
+    assert loaded_master
+    state = exact.state_dict()
+    for name, value in float32.items():
+        assert torch.equal(state[name].view(torch.int32), value.view(torch.int32)), name
+        assert torch.equal(bf16[name], value.to(torch.bfloat16)), name
+    metrics = json.loads((project_copy / "metrics/train.json").read_text())
+    assert metrics["master_weights"] == {"loaded": False, "saved": True}
+
+
 def test_first_update_starts_on_policy(reproduced):
     """The trainer recomputes pi_old before updating, so its log-probs match the sampler's (fp32 CPU)."""
     stats = read_artifact(reproduced / "artifacts/train/token_stats.parquet", TRAIN_TOKEN_STATS).frame

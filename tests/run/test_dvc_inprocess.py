@@ -96,3 +96,49 @@ def test_a_failed_repro_names_dvcs_reason_not_only_the_stage(tmp_path):
     message = str(e.value)
     assert message.startswith("`dvc repro` failed: failed to reproduce 'broken': ")
     assert "exited with 3" in message, message
+
+
+def _dvc_project(root):
+    import subprocess
+    import sys
+
+    root.mkdir()
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=root, check=True)
+    return root
+
+
+def test_a_hard_linked_copy_is_added_with_the_source_hashes_and_stays_linked(tmp_path, monkeypatch):
+    """`rlpipe iterate` adds state/policy, hard links of the checkpoint DVC has just hashed: DVC reads
+    none of the linked files again and keeps the links; a file that is not a link is hashed as usual."""
+    import os
+
+    import dvc_data.hashfile.hash as dvc_hash
+    import yaml
+
+    from rlpipe.run import dvc
+
+    root = _dvc_project(tmp_path / "p")
+    (root / "ckpt" / "sub").mkdir(parents=True)
+    (root / "ckpt/weights.bin").write_bytes(os.urandom(300_000))
+    (root / "ckpt/sub/config.json").write_text('{"a": 1}\n')
+    dvc.add(root, "ckpt")  # DVC hashes it (as it does a stage's output when the stage ends)
+    (root / "state").mkdir()
+    (root / "state/policy" / "sub").mkdir(parents=True)
+    os.link(root / "ckpt/weights.bin", root / "state/policy/weights.bin")
+    (root / "state/policy/sub/config.json").write_text('{"a": 2}\n')  # not a link: its own content
+
+    hashed = []
+    original = dvc_hash.file_md5
+    monkeypatch.setattr(dvc_hash, "file_md5", lambda path, *a, **k: hashed.append(os.path.basename(path))
+                        or original(path, *a, **k))
+    dvc.add(root, "state/policy", linked_from="ckpt")
+    assert "weights.bin" not in hashed and "config.json" in hashed  # (DVC also hashes its own .dir object)
+    assert os.stat(root / "state/policy/weights.bin").st_ino == os.stat(root / "ckpt/weights.bin").st_ino
+
+    (root / "again").mkdir()  # the same files added without the shortcut: the same .dvc entry
+    import shutil
+
+    shutil.copytree(root / "state/policy", root / "again/policy")
+    dvc.add(root, "again/policy")
+    ours, plain = (yaml.safe_load((root / f"{d}/policy.dvc").read_text())["outs"][0] for d in ("state", "again"))
+    assert {k: v for k, v in ours.items() if k != "path"} == {k: v for k, v in plain.items() if k != "path"}
