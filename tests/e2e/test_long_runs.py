@@ -157,7 +157,7 @@ def crash_at(monkeypatch, point: str) -> None:
     if point == "after the iteration is tagged":
         monkeypatch.setattr(rlpipe.iterate, "_replace_dir", boom)
     elif point == "before `dvc add state/policy`":
-        monkeypatch.setattr(rlpipe.iterate.dvc, "add", lambda root, path: boom())
+        monkeypatch.setattr(rlpipe.iterate.dvc, "add", lambda root, path, **kw: boom())
     elif point == "after the policy is handed over":
         monkeypatch.setattr(rlpipe.iterate, "set_params", boom)
     elif point == "after params.yaml is rewritten":
