@@ -150,3 +150,18 @@ def test_a_float16_checkpoint_keeps_a_float32_model_dir(tokenizer, tmp_path):
         assert torch.equal(exact.state_dict()[name], value), name
     plain, loaded_master = load_trainable_model(tmp_path / "ckpt" / MASTER_DIR, device="cpu")
     assert not loaded_master
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_low_bits_on_cuda_match_the_cpu(tokenizer, tmp_path):
+    """Train saves and loads on the GPU: the CUDA kernels round and restore exactly as the CPU's do."""
+    model = model_of(tokenizer, tied=True)
+    save_checkpoint(model, tokenizer, tmp_path / "cpu", policy_version=1, dtype="bfloat16", master_weights=True)
+    save_checkpoint(model.to("cuda"), tokenizer, tmp_path / "cuda", policy_version=1, dtype="bfloat16",
+                    master_weights=True)
+    for name in ("model.safetensors", f"{MASTER_DIR}/{LOW_BITS_FILE}"):
+        assert (tmp_path / "cpu" / name).read_bytes() == (tmp_path / "cuda" / name).read_bytes(), name
+    exact, _ = load_trainable_model(tmp_path / "cuda", device="cuda")
+    for name, value in model.state_dict().items():
+        assert torch.equal(exact.state_dict()[name].view(torch.int32), value.view(torch.int32)), name
