@@ -142,3 +142,73 @@ def test_a_hard_linked_copy_is_added_with_the_source_hashes_and_stays_linked(tmp
     dvc.add(root, "again/policy")
     ours, plain = (yaml.safe_load((root / f"{d}/policy.dvc").read_text())["outs"][0] for d in ("state", "again"))
     assert {k: v for k, v in ours.items() if k != "path"} == {k: v for k, v in plain.items() if k != "path"}
+
+
+PIPELINE = """stages:
+  first:
+    cmd: python -c "import shutil; shutil.copy('${src}/weights.bin', 'one.bin')"
+    deps:
+      - ${src}
+    params:
+      - src
+    outs:
+      - one.bin
+  second:
+    cmd: python -c "import shutil; shutil.copy('${src}/weights.bin', 'two.bin')"
+    deps:
+      - ${src}
+      - one.bin
+    params:
+      - src
+    outs:
+      - two.bin
+"""
+
+
+def _two_stage_project(root):
+    import random
+
+    _dvc_project(root)
+    (root / "dvc.yaml").write_text(PIPELINE)
+    (root / "params.yaml").write_text("src: a\n")
+    for name in ("a", "b"):
+        (root / name).mkdir()
+        (root / name / "weights.bin").write_bytes(random.Random(name).randbytes(3_000_000))
+        (root / name / "config.json").write_text(f'{{"name": "{name}"}}\n')
+    return root
+
+
+def test_a_dependency_path_new_to_the_lock_is_hashed_once_and_the_lock_is_dvcs_own(tmp_path, monkeypatch):
+    """A stage's dependency moves to a new path (policy.path -> state/policy after iteration 0): DVC alone
+    hashes it under its legacy name and again as md5, in each stage; through rlpipe once, same dvc.lock."""
+    import os
+    import subprocess
+    import sys
+
+    import dvc_data.hashfile.hash as dvc_hash
+
+    from rlpipe.run import dvc
+
+    locks, counts = [], []
+    for through_rlpipe in (False, True):
+        root = _two_stage_project(tmp_path / str(through_rlpipe))
+        subprocess.run([sys.executable, "-m", "dvc", "repro", "-q"], cwd=root, check=True)
+        (root / "params.yaml").write_text("src: b\n")
+        hashed = []
+        original = dvc_hash.file_md5
+        monkeypatch.setattr(dvc_hash, "file_md5", lambda path, *a, **k: hashed.append(os.path.relpath(path, root))
+                            or original(path, *a, **k))
+        if through_rlpipe:
+            assert dvc.repro(root) == ["first", "second"]
+        else:
+            from dvc.repo import Repo
+
+            monkeypatch.chdir(root)
+            with Repo(str(root)) as repo:
+                repo.reproduce()
+        monkeypatch.undo()
+        locks.append((root / "dvc.lock").read_text())
+        counts.append(hashed.count(os.path.join("b", "weights.bin")))
+    assert locks[0] == locks[1]
+    assert "path: b\n      hash: md5\n" in locks[1]
+    assert counts[1] == 1 < counts[0]
