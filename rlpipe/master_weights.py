@@ -26,14 +26,22 @@ FORMAT = "rlpipe/bf16-low-bits/1"
 _TIE = 0x8000
 
 
-def split(master: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+def storage_key(tensor: torch.Tensor) -> tuple:
+    """Equal for the names of one tensor in a state dict (tied embeddings), different otherwise."""
+    return (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+
+
+def split(master: torch.Tensor, rounded: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(low, ties)`` of a float32 tensor against its bf16 rounding: the int16 differences of the bit
     patterns, and the flat indices where the difference is +0x8000 (stored as -0x8000, int16's wrap);
-    None when a difference does not fit (a NaN whose rounding changed its sign bit)."""
+    None when a difference does not fit (a NaN whose rounding changed its sign bit).
+
+    ``rounded``: the bf16 tensor the checkpoint saves for ``master``, when the caller has converted it
+    already (then the low bits complete exactly the bytes written); else converted here."""
     if master.dtype != torch.float32:
         return None
     m = master.detach().contiguous().view(torch.int32)
-    r = master.detach().to(torch.bfloat16).to(torch.float32).view(torch.int32)
+    r = (master.detach().to(torch.bfloat16) if rounded is None else rounded).to(torch.float32).view(torch.int32)
     d = m - r  # exact, or wrapped where m is NaN: then out of range, or still m - r modulo 2**32
     lowest, highest = torch.aminmax(d)
     if int(lowest) < -_TIE or int(highest) > _TIE:
@@ -56,19 +64,20 @@ def join(rounded: torch.Tensor, low: torch.Tensor, ties: torch.Tensor) -> None:
         flat[index] = flat[index] + 2 * _TIE  # stored as -0x8000, meant +0x8000
 
 
-def low_bits_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def low_bits_tensors(state: dict[str, torch.Tensor],
+                     rounded: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """What `save_low_bits` writes for a float32 state dict (tensors that share storage once, under
-    their first name, as `save_pretrained` keeps them)."""
+    their first name, as `save_pretrained` keeps them); ``rounded``: its bf16 conversion, by name."""
     out: dict[str, torch.Tensor] = {}
     seen: set[tuple] = set()
     for name, tensor in state.items():
         if tensor.dtype != torch.float32:
             continue
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+        key = storage_key(tensor)
         if key in seen:
             continue
         seen.add(key)
-        parts = split(tensor)
+        parts = split(tensor, None if rounded is None else rounded.get(name))
         if parts is None:
             out[f"{name}.full"] = tensor.detach().cpu().contiguous()
             continue
@@ -79,10 +88,10 @@ def low_bits_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_low_bits(state: dict[str, torch.Tensor], path: Path) -> None:
+def save_low_bits(state: dict[str, torch.Tensor], path: Path, rounded: dict[str, torch.Tensor] | None = None) -> None:
     from safetensors.torch import save_file
 
-    save_file(low_bits_tensors(state), str(path), metadata={"format": FORMAT})
+    save_file(low_bits_tensors(state, rounded), str(path), metadata={"format": FORMAT})
 
 
 def apply_low_bits(model: torch.nn.Module, path: Path) -> None:

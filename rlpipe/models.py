@@ -149,10 +149,11 @@ def load_trainable_model(path: str | Path, *, device: str) -> tuple[Any, bool]:
     before that format) as a float32 model dir in ``master/``; others have none, and their own weights
     are the master.
     """
+    from rlpipe.master_weights import LOW_BITS_FILE, apply_low_bits
+
     master = Path(path) / MASTER_DIR
-    low_bits = master / "low_bits.safetensors"
+    low_bits = master / LOW_BITS_FILE
     if low_bits.is_file() and not is_adapter_dir(path):
-        from rlpipe.master_weights import apply_low_bits
 
         model = load_model(path, device=device, dtype="float32")
         try:
@@ -173,10 +174,12 @@ def _converted_state_dict(model: Any, dtype: torch.dtype) -> dict[str, torch.Ten
     matrix), to write, hash, cache, push and load every iteration. Shared, they are saved once, as in
     the float32 model.
     """
+    from rlpipe.master_weights import storage_key
+
     converted: dict[tuple, torch.Tensor] = {}
     out = {}
     for name, tensor in model.state_dict().items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+        key = storage_key(tensor)
         if key not in converted:
             converted[key] = tensor.detach().to(dtype)
         out[name] = converted[key]
@@ -201,14 +204,15 @@ def save_checkpoint(model: Any, tokenizer: Any, out_dir: str | Path, *, policy_v
         if target == torch.float32:
             model.save_pretrained(str(tmp), safe_serialization=True)
         else:
+            converted = _converted_state_dict(model, target)
             if master_weights and target == torch.bfloat16:
                 from rlpipe.master_weights import LOW_BITS_FILE, save_low_bits
 
                 (tmp / MASTER_DIR).mkdir()
-                save_low_bits(model.state_dict(), tmp / MASTER_DIR / LOW_BITS_FILE)
+                save_low_bits(model.state_dict(), tmp / MASTER_DIR / LOW_BITS_FILE, rounded=converted)
             elif master_weights:
                 model.save_pretrained(str(tmp / MASTER_DIR), safe_serialization=True)
-            model.save_pretrained(str(tmp), safe_serialization=True, state_dict=_converted_state_dict(model, target))
+            model.save_pretrained(str(tmp), safe_serialization=True, state_dict=converted)
             # save_pretrained records the in-memory (float32) dtype; loaders with dtype "auto" read this field
             config = json.loads((tmp / "config.json").read_text())
             config.pop("torch_dtype", None)
