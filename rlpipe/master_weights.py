@@ -101,7 +101,11 @@ def apply_low_bits(model: torch.nn.Module, path: Path) -> None:
 
     state = model.state_dict()
     device = next(iter(state.values())).device if state else torch.device("cpu")
-    with safe_open(str(path), "pt", device=str(device)) as f:
+    try:
+        opened = safe_open(str(path), "pt", device=str(device))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for a damaged file
+        raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
+    with opened as f:
         if (f.metadata() or {}).get("format") != FORMAT:
             raise ValueError(f"{path}: not a {FORMAT} file")
         names = set(f.keys())

@@ -140,6 +140,23 @@ def test_low_bits_of_another_model_are_refused(tokenizer, tmp_path):
         load_trainable_model(tmp_path / "other", device="cpu")
 
 
+@pytest.mark.parametrize("damage", ["truncated", "other format"])
+def test_a_damaged_low_bits_file_is_a_clear_error(tokenizer, tmp_path, damage):
+    model = model_of(tokenizer, tied=True)
+    save_checkpoint(model, tokenizer, tmp_path / "ckpt", policy_version=1, dtype="bfloat16", master_weights=True)
+    low_bits = tmp_path / "ckpt" / MASTER_DIR / LOW_BITS_FILE
+    if damage == "truncated":
+        low_bits.write_bytes(low_bits.read_bytes()[:100])
+        expected = r"low_bits.safetensors: not a readable safetensors file"
+    else:
+        from safetensors.torch import save_file
+
+        save_file({"model.norm.weight": torch.zeros(16, dtype=torch.int16)}, str(low_bits))
+        expected = r"low_bits.safetensors: not a rlpipe/bf16-low-bits/1 file"
+    with pytest.raises(ArtifactError, match=expected):
+        load_trainable_model(tmp_path / "ckpt", device="cpu")
+
+
 def test_a_float16_checkpoint_keeps_a_float32_model_dir(tokenizer, tmp_path):
     model = model_of(tokenizer, tied=True)
     save_checkpoint(model, tokenizer, tmp_path / "ckpt", policy_version=1, dtype="float16", master_weights=True)
