@@ -182,3 +182,26 @@ def test_low_bits_on_cuda_match_the_cpu(tokenizer, tmp_path):
     exact, _ = load_trainable_model(tmp_path / "cuda", device="cuda")
     for name, value in model.state_dict().items():
         assert torch.equal(exact.state_dict()[name].view(torch.int32), value.view(torch.int32)), name
+
+
+def test_a_bf16_model_loaded_in_float32_is_widened_after_loading_bit_for_bit(tokenizer, tmp_path):
+    """load_model reads a bf16 directory as bf16 and widens it on the device: the same weights, buffers,
+    logits, tie and recorded dtype as transformers' own float32 load (which widens on the CPU first)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlpipe.models import load_model
+
+    save_checkpoint(model_of(tokenizer, tied=True), tokenizer, tmp_path / "ckpt", policy_version=1, dtype="bfloat16")
+    theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ckpt"), dtype=torch.float32, local_files_only=True)
+    ours = load_model(tmp_path / "ckpt", device="cpu", dtype="float32")
+    assert {n: t.dtype for n, t in ours.state_dict().items()} == {n: torch.float32 for n in theirs.state_dict()}
+    for (name, a), (_, b) in zip(theirs.state_dict().items(), ours.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    for (name, a), (_, b) in zip(theirs.named_buffers(), ours.named_buffers(), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    assert ours.lm_head.weight is ours.model.embed_tokens.weight
+    ids = torch.tensor([tokenizer.encode("12+34=")])
+    with torch.no_grad():
+        assert torch.equal(theirs(ids).logits, ours(ids).logits)
+    ours.save_pretrained(tmp_path / "again")
+    assert json.loads((tmp_path / "again/config.json").read_text())["dtype"] == "float32"
