@@ -81,6 +81,19 @@ def warm_imports() -> None:
     import rich.progress  # noqa: F401
     import safetensors.torch  # noqa: F401
     import torch  # noqa: F401
+    # torch.compile's machinery, which every stage that compiles its decoder layers (the GPU default)
+    # imports after the fork otherwise: dynamo and inductor are ~1,400 modules, 1.5 s on the 2-core box and
+    # 3.9 s with the first compile call in a fresh process on a GPU host (issue 12). Triton too, where installed;
+    # importing it starts no thread and touches no GPU (its driver loads on first use).
+    import torch._dynamo  # noqa: F401
+    import torch._dynamo.repro.after_dynamo  # noqa: F401  (what torch.compile() itself imports)
+    import torch._inductor.compile_fx  # noqa: F401
+    import torch._inductor.compiler_bisector  # noqa: F401
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except ImportError:
+        pass
     import typer  # noqa: F401
     import yaml  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig  # noqa: F401

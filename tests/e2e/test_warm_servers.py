@@ -227,7 +227,10 @@ if pid == 0:  # what a stage's child does first: write and read a Parquet artifa
     before = set(sys.modules)
     write_artifact(pl.DataFrame(schema=VALUES.polars_schema()), sys.argv[1], VALUES, metadata={})
     read_artifact(sys.argv[1], VALUES)
-    new = sorted(m for m in set(sys.modules) - before if m.split(".")[0] in ("pyarrow", "pandas", "polars", "numpy"))
+    torch.nn.Linear(2, 2).compile(backend="inductor", dynamic=True)  # what compile_decoder_layers does
+    import torch._inductor.compile_fx  # what the first compiled call imports
+    new = sorted(m for m in set(sys.modules) - before if m.split(".")[0] in ("pyarrow", "pandas", "polars", "numpy")
+                 or m.startswith(("torch._dynamo", "torch._inductor")))
     print("NEW", new, flush=True)
     os._exit(0)
 os.waitpid(pid, 0)
@@ -236,8 +239,9 @@ print("THREADS", threads - on_import, threading.active_count())
 
 
 def test_the_stage_server_warms_what_a_parquet_read_imports_and_starts_no_thread(tmp_path):
-    """Children of the server must not import pyarrow's lazy layers again (0.4 s a stage on the 2-core box,
-    issue 12), and warming must start no thread of its own before the server forks (a forked pool can deadlock)."""
+    """Children of the server must not import pyarrow's lazy layers (0.4 s a stage on the 2-core box, issue 12)
+    or torch.compile's dynamo and inductor (1.5 s here, more on a GPU host) again, and warming must start no
+    thread of its own before the server forks (a forked pool can deadlock)."""
     out = subprocess.run([sys.executable, "-c", WARM_THEN_FORK, str(tmp_path / "v.parquet")], env=env(),
                          capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     assert "NEW []" in out, out
