@@ -83,17 +83,15 @@ def warm_imports() -> None:
     import torch  # noqa: F401
     # torch.compile's machinery, which every stage that compiles its decoder layers (the GPU default)
     # imports after the fork otherwise: dynamo and inductor are ~1,400 modules, 1.5 s on the 2-core box and
-    # 3.9 s with the first compile call in a fresh process on a GPU host (issue 12). Triton too, where installed;
-    # importing it starts no thread and touches no GPU (its driver loads on first use).
-    import torch._dynamo  # noqa: F401
-    import torch._dynamo.repro.after_dynamo  # noqa: F401  (what torch.compile() itself imports)
-    import torch._inductor.compile_fx  # noqa: F401
-    import torch._inductor.compiler_bisector  # noqa: F401
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except ImportError:
-        pass
+    # 3.9 s with the first compile call in a fresh process on a GPU host (issue 12). Importing them asks
+    # nothing of CUDA (checked on the CPU build). Triton is left to the child: whether importing it leaves
+    # the CUDA driver untouched, which a fork needs, has not been checked on a GPU.
+    for name in ("torch._dynamo", "torch._dynamo.repro.after_dynamo", "torch._inductor.compile_fx",
+                 "torch._inductor.compiler_bisector"):
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - an exotic build: the stage that compiles meets it itself
+            print(f"rlpipe stage server: not warmed: {name} ({type(e).__name__}: {e})", file=sys.stderr)
     import typer  # noqa: F401
     import yaml  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig  # noqa: F401
