@@ -76,8 +76,6 @@ def load_tokenizer(path: str | Path) -> Any:
 def load_model(path: str | Path, *, device: str, dtype: str) -> Any:
     """The causal LM of a model directory, or of an adapter directory: its base (hash-checked) with the
     adapter applied inside its layers (PEFT, unmerged), as a plain transformers module in inference use."""
-    from transformers import AutoModelForCausalLM
-
     if is_adapter_dir(path):
         from rlpipe.lora.peft_model import load_adapter_model
 
@@ -86,19 +84,34 @@ def load_model(path: str | Path, *, device: str, dtype: str) -> Any:
     target = DTYPES[dtype]
     # Widen on the device, not on the way there: a bf16 checkpoint that train wants in float32 is read
     # as bf16 (half the bytes to copy to the GPU) and converted by one GPU kernel, where transformers would
-    # convert 494M weights on one CPU thread first (~1.5 s for the 0.5B shape). The result is bit-identical:
-    # widening is exact, and the buffers (RoPE's inv_freq) are float32 in both.
+    # convert 494M weights on one CPU thread first (~1.5 s for the 0.5B shape). Widening is exact, so the
+    # weights are bit-identical; a buffer that the model computes when it is built (RoPE's inv_freq, Gemma 3's
+    # embedding scale) is not, when the build ran in bf16: such a model is loaded in float32 directly.
     stored = DTYPES[stored_dtype(p)]
     load_as = stored if stored.itemsize < target.itemsize else target
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(p), dtype=load_as, local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise ArtifactError(f"{p}: could not load the model: {e}") from None
+    model = _from_pretrained(p, load_as)
+    if load_as != target and not _buffers_are_at_least(model, target):
+        load_as, model = target, _from_pretrained(p, target)
     model = model.to(device)
     if load_as != target:
         model = model.to(target)
         model.config.dtype = target  # what save_pretrained records
     return model
+
+
+def _from_pretrained(p: Path, dtype: torch.dtype) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"{p}: could not load the model: {e}") from None
+
+
+def _buffers_are_at_least(model: Any, dtype: torch.dtype) -> bool:
+    """Whether every floating-point buffer already has ``dtype``'s precision, so widening the model later
+    gives the same buffers as building it in ``dtype``."""
+    return all(b.dtype.itemsize >= dtype.itemsize for b in model.buffers() if b.is_floating_point())
 
 
 def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:

@@ -184,14 +184,31 @@ def test_low_bits_on_cuda_match_the_cpu(tokenizer, tmp_path):
         assert torch.equal(exact.state_dict()[name].view(torch.int32), value.view(torch.int32)), name
 
 
-def test_a_bf16_model_loaded_in_float32_is_widened_after_loading_bit_for_bit(tokenizer, tmp_path):
-    """load_model reads a bf16 directory as bf16 and widens it on the device: the same weights, buffers,
-    logits, tie and recorded dtype as transformers' own float32 load (which widens on the CPU first)."""
+def gemma3_of(vocab_size: int):
+    """A tiny Gemma 3: it builds its embedding scale (sqrt(hidden)) as a buffer in the dtype it is built in."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    return Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=vocab_size, hidden_size=24, intermediate_size=32,
+                                              num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                              head_dim=12, max_position_embeddings=64))
+
+
+@pytest.mark.parametrize("family, widened_on_device", [("llama", True), ("gemma3", False)])
+def test_a_bf16_model_loaded_in_float32_equals_transformers_float32_load(tokenizer, tmp_path, family,
+                                                                         widened_on_device):
+    """load_model reads a bf16 directory as bf16 and widens it on the device when that is exact (Llama: its
+    only built buffer, RoPE's inv_freq, is float32 anyway), and loads in float32 directly when a buffer
+    built in bf16 would be rounded (Gemma 3's embedding scale: 4.90625 for sqrt(24) = 4.89898). Either way:
+    the same weights, buffers, logits, tie and recorded dtype as transformers' own float32 load."""
     from transformers import AutoModelForCausalLM
 
-    from rlpipe.models import load_model
+    from rlpipe.models import _buffers_are_at_least, load_model
 
-    save_checkpoint(model_of(tokenizer, tied=True), tokenizer, tmp_path / "ckpt", policy_version=1, dtype="bfloat16")
+    model = model_of(tokenizer, tied=True) if family == "llama" else gemma3_of(len(tokenizer))
+    save_checkpoint(model, tokenizer, tmp_path / "ckpt", policy_version=1, dtype="bfloat16")
+    as_bf16 = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ckpt"), dtype=torch.bfloat16, local_files_only=True)
+    assert _buffers_are_at_least(as_bf16, torch.float32) == widened_on_device
     theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ckpt"), dtype=torch.float32, local_files_only=True)
     ours = load_model(tmp_path / "ckpt", device="cpu", dtype="float32")
     assert {n: t.dtype for n, t in ours.state_dict().items()} == {n: torch.float32 for n in theirs.state_dict()}
@@ -199,7 +216,7 @@ def test_a_bf16_model_loaded_in_float32_is_widened_after_loading_bit_for_bit(tok
         assert torch.equal(a, b), name
     for (name, a), (_, b) in zip(theirs.named_buffers(), ours.named_buffers(), strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b), name
-    assert ours.lm_head.weight is ours.model.embed_tokens.weight
+    assert ours.lm_head.weight is ours.get_input_embeddings().weight
     ids = torch.tensor([tokenizer.encode("12+34=")])
     with torch.no_grad():
         assert torch.equal(theirs(ids).logits, ours(ids).logits)
