@@ -612,3 +612,17 @@ def _check_consistency(params: Params, path: Path) -> None:
     r = params.reward_model
     need(r.epochs >= 1 and r.batch_size >= 1, "reward_model.epochs and reward_model.batch_size must be >= 1")
     need(0 <= r.eval_fraction < 1, "reward_model.eval_fraction must be in [0, 1)")
+
+
+def compile_layers_wanted(setting: bool | str, device: Any) -> bool:
+    """Whether a stage compiles its decoder layers: ``compile_layers`` true/false, or "auto" = on CUDA only.
+
+    Why "auto" is the default: on a GPU compiled layers are what reach the issue's throughput targets
+    (BENCHMARKS.md: +26-54% tokens/s on an H200); on CPU inductor needs a C++ toolchain and the tiny
+    default gains nothing, and CPU outputs stay byte-identical to an uncompiled run. Here, without torch,
+    because `rlpipe run` asks it too (whether the stage server should import torch.compile's modules).
+    ``device``: a device string or a torch.device ("cuda", "cuda:1", "cpu").
+    """
+    if setting == "auto":
+        return str(device).split(":")[0] == "cuda"
+    return bool(setting)

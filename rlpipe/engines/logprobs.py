@@ -60,6 +60,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rlpipe.config import compile_layers_wanted  # noqa: F401  (re-exported: the stages import it from here)
 from rlpipe.engines.base import eval_mode
 from rlpipe.engines.chunked_head import _check_plain_lm_head, _ChunkLogprobs, _fused, _logit_stats
 from rlpipe.engines.packed_attention import (PACKED_ATTENTION, _attention_configs, _attention_implementation,
@@ -450,18 +451,6 @@ def compile_seconds() -> float:
 
     return float(sum(sum(times) for key, times in compilation_time_metrics.items()
                      if key == "_compile.compile_inner" or key.endswith("bw_compiler")))
-
-
-def compile_layers_wanted(setting: bool | str, device: str | torch.device) -> bool:
-    """Whether a stage compiles its decoder layers: ``compile_layers`` true/false, or "auto" = on CUDA only.
-
-    Why "auto" is the default: on a GPU compiled layers are what reach the issue's throughput targets
-    (BENCHMARKS.md: +26-54% tokens/s on an H200); on CPU inductor needs a C++ toolchain and the tiny
-    default gains nothing, and CPU outputs stay byte-identical to an uncompiled run.
-    """
-    if setting == "auto":
-        return torch.device(device).type == "cuda"
-    return bool(setting)
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> int:

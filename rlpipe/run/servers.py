@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Iterator
 from pathlib import Path
 
-from rlpipe.config import Params
+from rlpipe.config import Params, compile_layers_wanted
 from rlpipe.errors import RlpipeError
 from rlpipe.lora.adapter import is_adapter_dir, is_policy_dir, model_dir_of
 from rlpipe.run.ahead import generation_has_own_devices
@@ -38,7 +38,15 @@ def stage_server_args(root: Path, params: Params) -> list[str]:
     args = []
     for d in warm_dirs(root, params):
         args += ["--warm", d]
+    if stages_compile_layers(params):
+        args.append("--warm-compiler")
     return args
+
+
+def stages_compile_layers(params: Params) -> bool:
+    """Whether reference_logprob or train compiles its decoder layers (on CUDA by default): then the stage
+    server imports torch.compile's modules once for them."""
+    return any(compile_layers_wanted(cfg.compile_layers, cfg.device) for cfg in (params.reference_logprob, params.train))
 
 
 def wants_engine_server(params: Params) -> bool:

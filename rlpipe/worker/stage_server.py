@@ -20,7 +20,7 @@ A stage is declined (and runs in its own process, as before) when it comes from 
 interpreter or environment, or when an environment variable that shapes imports or thread pools
 differs from the server's.
 
-    python -P -m rlpipe.worker.stage_server --project DIR [--warm MODEL_DIR ...] [--idle-timeout S]
+    python -P -m rlpipe.worker.stage_server --project DIR [--warm MODEL_DIR ...] [--warm-compiler] [--idle-timeout S]
 """
 from __future__ import annotations
 
@@ -52,9 +52,10 @@ _PR_SET_NAME = 15
 _NOT_WARMED = ("rlpipe.worker", "rlpipe.run", "rlpipe.cli")
 
 
-def warm_imports() -> None:
+def warm_imports(*, compiler: bool = False) -> None:
     """Import what stages import: the third-party libraries, and through rlpipe's own modules every
     submodule of them that a stage pulls in (torch.distributed, transformers' attention code, peft...).
+    ``compiler``: also torch.compile's dynamo and inductor, for projects whose stages compile their layers.
 
     The rlpipe modules are only a means: every child drops them and imports them again from disk.
     Nothing here creates a tensor or starts a thread beyond the idle ones numpy, polars and pyarrow start on
@@ -83,11 +84,12 @@ def warm_imports() -> None:
     import torch  # noqa: F401
     # torch.compile's machinery, which every stage that compiles its decoder layers (the GPU default)
     # imports after the fork otherwise: dynamo and inductor are ~1,400 modules, 1.5 s on the 2-core box and
-    # 3.9 s with the first compile call in a fresh process on a GPU host (issue 12). Importing them asks
-    # nothing of CUDA (checked on the CPU build). Triton is left to the child: whether importing it leaves
-    # the CUDA driver untouched, which a fork needs, has not been checked on a GPU.
+    # 3.9 s with the first compile call in a fresh process on a GPU host (issue 12). Only where a stage
+    # compiles: elsewhere they would only lengthen the server's start. Importing them asks nothing of CUDA
+    # (checked on the CPU build). Triton is left to the child: whether importing it leaves the CUDA driver
+    # untouched, which a fork needs, has not been checked on a GPU.
     for name in ("torch._dynamo", "torch._dynamo.repro.after_dynamo", "torch._inductor.compile_fx",
-                 "torch._inductor.compiler_bisector"):
+                 "torch._inductor.compiler_bisector") if compiler else ():
         try:
             importlib.import_module(name)
         except Exception as e:  # noqa: BLE001 - an exotic build: the stage that compiles meets it itself
@@ -355,13 +357,15 @@ def main() -> None:
     parser.add_argument("--warm", action="append", default=[], help="model directory to warm transformers for")
     parser.add_argument("--idle-timeout", type=float, default=None, help="exit after this many idle seconds")
     parser.add_argument("--owner", type=int, default=None, help="exit when the process with this pid exits")
+    parser.add_argument("--warm-compiler", action="store_true",
+                        help="also import torch.compile's modules (the project's stages compile their layers)")
     args = parser.parse_args()
     addr = "\0" + args.address[1:] if args.address else wire.address("stage", args.project)
     warnings.filterwarnings("ignore", message=r"This process .* is multi-threaded, use of fork\(\)",
                             category=DeprecationWarning)  # see StageServer
     t0 = time.perf_counter()
     fingerprint = environment_fingerprint()
-    warm_imports()
+    warm_imports(compiler=args.warm_compiler)
     server = StageServer(addr, fingerprint=fingerprint, idle_timeout=args.idle_timeout, owner=args.owner)
     server.warmed = warm_models(args.warm)
     warmed = server.warmed

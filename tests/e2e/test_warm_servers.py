@@ -218,7 +218,7 @@ import os, sys, threading
 import numpy, polars as pl, pyarrow.parquet, torch, transformers
 on_import = len(os.listdir("/proc/self/task"))  # the idle threads numpy, polars and pyarrow start on import
 from rlpipe.worker.stage_server import warm_imports
-warm_imports()
+warm_imports(compiler=True)
 threads = len(os.listdir("/proc/self/task"))
 pid = os.fork()
 if pid == 0:  # what a stage's child does first: write and read a Parquet artifact
@@ -246,3 +246,21 @@ def test_the_stage_server_warms_what_a_parquet_read_imports_and_starts_no_thread
                          capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     assert "NEW []" in out, out
     assert "THREADS 0 1" in out, out  # no thread beyond those the imports start, no Python thread
+
+
+@pytest.mark.parametrize("reference, train, wanted", [
+    (("auto", "cpu"), ("auto", "cpu"), False),   # the embedded default: nothing compiles on the CPU
+    (("auto", "cuda"), ("auto", "cpu"), True),   # "auto" compiles on CUDA
+    (("auto", "cpu"), (True, "cpu"), True),      # asked for on the CPU
+    ((False, "cuda"), (False, "cuda"), False),   # turned off on the GPU
+])
+def test_the_stage_server_warms_the_compiler_only_where_a_stage_compiles(tmp_path, reference, train, wanted):
+    """torch.compile's ~1,400 modules would only lengthen the server's start where no stage compiles."""
+    from rlpipe.config import load_params
+    from rlpipe.run.servers import stage_server_args
+
+    data = yaml.safe_load((REPO / "params.yaml").read_text())
+    for section, (compile_layers, device) in (("reference_logprob", reference), ("train", train)):
+        data[section].update(compile_layers=compile_layers, device=device)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    assert ("--warm-compiler" in stage_server_args(tmp_path, load_params(tmp_path / "params.yaml"))) is wanted
