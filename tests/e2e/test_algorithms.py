@@ -12,7 +12,8 @@ import yaml
 
 from rlpipe.io import read_artifact, read_json
 from rlpipe.schema import ADVANTAGES, VALUES
-from tests.e2e.conftest import edit_params, run
+from rlpipe.worker import lifecycle
+from tests.e2e.conftest import edit_params, run, stage_server
 
 ALL_STAGES = ["prepare", "generate", "train_reward_model", "score", "reference_logprob", "values", "advantage",
               "train", "evaluate"]
@@ -66,48 +67,55 @@ def test_every_algorithm_runs_one_iteration(project_copy):
     base = (root / "params.yaml").read_text()
     grpo_train = metrics(root, "train")
     assert grpo_train["policy_loss_function"] == "ppo_clip"
-    for name, updates in VARIANTS.items():
-        (root / "params.yaml").write_text(base)
-        edit_params(root / "params.yaml", updates)
-        out = run(["dvc", "repro"], root).stdout
-        ran = ran_stages(out)
-        assert not {"prepare", "generate", "reference_logprob"} & set(ran), (name, ran)
-        # only the RLHF variant trains the reward model (reward_model.train) and scores with it
-        assert ("train_reward_model" in ran) == ("score" in ran) == (name == "ppo_reward_model"), (name, ran)
-        # advantage may come from DVC's run cache (gspo, deepseek_v32 keep GRPO's advantage params)
-        assert {"train", "evaluate"} <= set(ran), (name, ran)
-        train, adv = metrics(root, "train"), metrics(root, "advantage")
-        assert train["optimizer_steps"] > 0 and train["skipped_steps"] == 0, name
-        assert adv["estimator"] == updates.get("advantage.estimator", "grpo"), name
-        assert read_json(root / "artifacts/train/checkpoint/rlpipe.json")["policy_version"] == 1
-        if name == "gspo":
-            assert train["policy_loss_function"] == "gspo"
-        if name == "dapo":
-            assert adv["filtered"]["zero_variance_group"] == adv["num_samples"] - adv["num_trained"]
-        if name.split("_")[0] in ("cispo", "sapo", "gmpo"):
-            assert train["policy_loss_function"] == name.split("_")[0], name
-        if name == "cispo_batch_std_token_sum_80_20":
-            assert "high_entropy_threshold" in train and 0 < train["high_entropy_kept_fraction"] < 0.5
-        if name in ("gdpo_verl_profile", "normalize_then_sum_ratio_cap"):
-            assert adv["reward_components"] == 2  # exact_answer and digit_match
-        if name == "normalize_then_sum_ratio_cap":  # no reward of the tiny task is NaN: nothing is left out
-            assert adv.get("unscorable", 0) == 0 and adv["num_trained"] == adv["num_samples"]
-        if name == "deepseek_v32":
-            assert {"off_policy_masked_fraction", "tis_weight_mean"} <= set(train)
-        if name in ("reinforce_plus_plus", "ppo", "ppo_reward_model"):
-            assert adv["kl_reward_beta"] == 0.01 and "kl_reward_observed" in adv
-        table = read_artifact(root / "artifacts/advantage/advantages.parquet", ADVANTAGES).frame
-        ppo = name.startswith("ppo")
-        assert table["returns"].is_null().all() == (not ppo), name
-        critic_info = read_json(root / "artifacts/train/critic/rlpipe.json")
-        assert critic_info["kind"] == ("scalar_head" if ppo else "none"), name
-        if name == "ppo_reward_model":  # the reward is the model's score, not the rule's
-            scores = metrics(root, "score")
-            assert "reward_model" in json.dumps(scores) and scores["reward_mean"] != 0.0
-            assert metrics(root, "train_reward_model")["kind"] == "bradley_terry"
-        if ppo:
-            assert {"value_loss", "explained_variance", "value_clip_fraction"} <= set(train)
-            assert metrics(root, "values")["critic"] is True
+    with stage_server(root, warm=("artifacts/prepare/model",)):
+        for name, updates in VARIANTS.items():
+            check_variant(root, base, name, updates)
+        served = lifecycle.status("stage", root).detail["served"]
+    assert served >= 2 * len(VARIANTS), served  # train and evaluate of every variant at least, in the server
+
+
+def check_variant(root, base: str, name: str, updates: dict) -> None:
+    (root / "params.yaml").write_text(base)
+    edit_params(root / "params.yaml", updates)
+    out = run(["dvc", "repro"], root).stdout
+    ran = ran_stages(out)
+    assert not {"prepare", "generate", "reference_logprob"} & set(ran), (name, ran)
+    # only the RLHF variant trains the reward model (reward_model.train) and scores with it
+    assert ("train_reward_model" in ran) == ("score" in ran) == (name == "ppo_reward_model"), (name, ran)
+    # advantage may come from DVC's run cache (gspo, deepseek_v32 keep GRPO's advantage params)
+    assert {"train", "evaluate"} <= set(ran), (name, ran)
+    train, adv = metrics(root, "train"), metrics(root, "advantage")
+    assert train["optimizer_steps"] > 0 and train["skipped_steps"] == 0, name
+    assert adv["estimator"] == updates.get("advantage.estimator", "grpo"), name
+    assert read_json(root / "artifacts/train/checkpoint/rlpipe.json")["policy_version"] == 1
+    if name == "gspo":
+        assert train["policy_loss_function"] == "gspo"
+    if name == "dapo":
+        assert adv["filtered"]["zero_variance_group"] == adv["num_samples"] - adv["num_trained"]
+    if name.split("_")[0] in ("cispo", "sapo", "gmpo"):
+        assert train["policy_loss_function"] == name.split("_")[0], name
+    if name == "cispo_batch_std_token_sum_80_20":
+        assert "high_entropy_threshold" in train and 0 < train["high_entropy_kept_fraction"] < 0.5
+    if name in ("gdpo_verl_profile", "normalize_then_sum_ratio_cap"):
+        assert adv["reward_components"] == 2  # exact_answer and digit_match
+    if name == "normalize_then_sum_ratio_cap":  # no reward of the tiny task is NaN: nothing is left out
+        assert adv.get("unscorable", 0) == 0 and adv["num_trained"] == adv["num_samples"]
+    if name == "deepseek_v32":
+        assert {"off_policy_masked_fraction", "tis_weight_mean"} <= set(train)
+    if name in ("reinforce_plus_plus", "ppo", "ppo_reward_model"):
+        assert adv["kl_reward_beta"] == 0.01 and "kl_reward_observed" in adv
+    table = read_artifact(root / "artifacts/advantage/advantages.parquet", ADVANTAGES).frame
+    ppo = name.startswith("ppo")
+    assert table["returns"].is_null().all() == (not ppo), name
+    critic_info = read_json(root / "artifacts/train/critic/rlpipe.json")
+    assert critic_info["kind"] == ("scalar_head" if ppo else "none"), name
+    if name == "ppo_reward_model":  # the reward is the model's score, not the rule's
+        scores = metrics(root, "score")
+        assert "reward_model" in json.dumps(scores) and scores["reward_mean"] != 0.0
+        assert metrics(root, "train_reward_model")["kind"] == "bradley_terry"
+    if ppo:
+        assert {"value_loss", "explained_variance", "value_clip_fraction"} <= set(train)
+        assert metrics(root, "values")["critic"] is True
 
 
 def test_switching_grpo_to_ppo_adds_the_critic_work_and_back_removes_it(project_copy):
