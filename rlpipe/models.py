@@ -178,7 +178,6 @@ def load_trainable_model(path: str | Path, *, device: str) -> tuple[Any, bool]:
     master = Path(path) / MASTER_DIR
     low_bits = master / LOW_BITS_FILE
     if low_bits.is_file() and not is_adapter_dir(path):
-
         model = load_model(path, device=device, dtype="float32")
         try:
             apply_low_bits(model, low_bits)

@@ -49,22 +49,23 @@ def env() -> dict[str, str]:
 
 
 @contextmanager
-def stage_server(root: Path, *, warm: tuple[str, ...] = ()) -> Iterator[Path]:
-    """The project's stage server for a block (rlpipe/worker/stage_server.py): each stage DVC starts forks
-    from it instead of importing torch afresh, as under `rlpipe run` (2-3 s less per stage on 2 cores)."""
+def warm_server(kind: str, root: Path, args: list[str]) -> Iterator[Path]:
+    """A warm server of the project ("stage" or "engine", rlpipe/worker) for a block, as `rlpipe run` starts
+    them: with the stage server each stage DVC starts forks from it instead of importing torch afresh
+    (2-3 s less per stage on 2 cores)."""
     from rlpipe.worker import lifecycle
 
     old = os.environ.copy()
     os.environ.update(env())  # the server must share the stages' import-time environment, or it declines them
     try:
-        lifecycle.start("stage", root, [arg for d in warm for arg in ("--warm", str(root / d))])
+        lifecycle.start(kind, root, args)
     finally:
         os.environ.clear()
         os.environ.update(old)
     try:
         yield root
     finally:
-        lifecycle.stop("stage", root)
+        lifecycle.stop(kind, root)
 
 
 def run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ import yaml
 from rlpipe.io import read_artifact, read_json
 from rlpipe.schema import ADVANTAGES, VALUES
 from rlpipe.worker import lifecycle
-from tests.e2e.conftest import edit_params, run, stage_server
+from tests.e2e.conftest import edit_params, run, warm_server
 
 ALL_STAGES = ["prepare", "generate", "train_reward_model", "score", "reference_logprob", "values", "advantage",
               "train", "evaluate"]
@@ -67,7 +67,7 @@ def test_every_algorithm_runs_one_iteration(project_copy):
     base = (root / "params.yaml").read_text()
     grpo_train = metrics(root, "train")
     assert grpo_train["policy_loss_function"] == "ppo_clip"
-    with stage_server(root, warm=("artifacts/prepare/model",)):
+    with warm_server("stage", root, ["--warm", str(root / "artifacts/prepare/model")]):
         for name, updates in VARIANTS.items():
             check_variant(root, base, name, updates)
         served = lifecycle.status("stage", root).detail["served"]

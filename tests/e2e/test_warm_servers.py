@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from rlpipe.worker import lifecycle
-from tests.e2e.conftest import REPO, edit_params, env, run
+from tests.e2e.conftest import REPO, edit_params, env, run, warm_server
 
 pytestmark = pytest.mark.slow
 
@@ -58,15 +58,8 @@ def served(reproduced, tmp_path_factory):
     """A copy of the reproduced project with its stage server running (stopped afterwards)."""
     root = tmp_path_factory.mktemp("served") / "project"
     shutil.copytree(reproduced, root, symlinks=True)
-    old = os.environ.copy()
-    os.environ.update(env())
-    try:
-        lifecycle.start("stage", root, ["--warm", str(root / MODEL)])
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
-    yield root
-    lifecycle.stop("stage", root)
+    with warm_server("stage", root, ["--warm", str(root / MODEL)]):
+        yield root
 
 
 def served_count(root: Path) -> int:
@@ -153,14 +146,7 @@ def test_the_engine_server_generates_what_the_stage_would_and_reloads_new_weight
         alone[policy] = (root / name).read_bytes()
     assert alone[MODEL] != alone[trained]
     settings = {"engine": "hf", "device": "cpu", "dtype": "float32", "batch_size": 512}
-    old = os.environ.copy()
-    os.environ.update(env())
-    try:
-        lifecycle.start("engine", root, ["--settings", json.dumps(settings), "--model", str(root / MODEL)])
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
-    try:
+    with warm_server("engine", root, ["--settings", json.dumps(settings), "--model", str(root / MODEL)]):
         for policy in (MODEL, trained, MODEL):  # the second and third request reload the weights
             name = f"served_{Path(policy).name}.parquet"
             proc = sh(generate_cmd(name, policy), root, extra_env={"RLPIPE_STAGE_SERVER": "off"})
@@ -175,8 +161,6 @@ def test_the_engine_server_generates_what_the_stage_would_and_reloads_new_weight
         assert "engine server runs other settings (batch_size: server 512, stage 7)" in proc.stderr
         assert json.loads((root / "other_batch.parquet.json").read_text())["engine_server"] is False
         assert lifecycle.status("engine", root).detail["served"] == 3
-    finally:
-        lifecycle.stop("engine", root)
 
 
 def test_a_killed_run_leaves_no_server_behind(reproduced, tmp_path):
