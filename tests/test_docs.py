@@ -156,3 +156,35 @@ def test_measured_numbers_in_the_docs_come_from_the_results_file():
     edited = readme.replace(f"<!-- value: grpo 4 -->{grpo['rows'][4]['eval_accuracy']:.3f}",
                             "<!-- value: grpo 4 -->0.123")
     assert doc_numbers.render(edited, results, "README.md") == readme
+
+
+def exp_show_columns() -> list[str]:
+    """The columns `dvc exp show` prints for this project: params by dotted key, headline metrics by key,
+    or as `file:key` where several headline files share the key (DVC's rule)."""
+    from rlpipe.headline import HEADLINE_KEYS
+
+    def flat(tree: dict, prefix: str = "") -> list[str]:
+        return [k for key, v in tree.items()
+                for k in (flat(v, f"{prefix}{key}.") if isinstance(v, dict) else [f"{prefix}{key}"])]
+
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    files = {stage: ("seconds", *HEADLINE_KEYS.get(stage, ())) for stage in stages}
+    counts: dict[str, int] = {}
+    for keys in files.values():
+        for key in keys:
+            counts[key] = counts.get(key, 0) + 1
+    metrics = [key if counts[key] == 1 else f"metrics/headline/{stage}.json:{key}"
+               for stage, keys in files.items() for key in keys]
+    return ["Experiment", *flat(yaml.safe_load((REPO / "params.yaml").read_text())), *metrics]
+
+
+def test_every_exp_show_keep_pattern_keeps_a_column():
+    """DVC keeps a column when a --keep alternative matches its start: `accuracy` alone keeps nothing,
+    since two headline files share it (the column is `metrics/headline/evaluate.json:accuracy`)."""
+    columns = exp_show_columns()
+    assert "metrics/headline/evaluate.json:accuracy" in columns and "kl_ref" in columns
+    patterns = [m.group(1) for page in DOC_PAGES for m in re.finditer(r"--keep '([^']+)'", page.read_text())]
+    assert patterns
+    dead = [alt for pattern in patterns for alt in pattern.split("|")
+            if not any(re.match(alt, column) for column in columns)]
+    assert dead == [], f"--keep alternatives that match no `dvc exp show` column: {dead}"
