@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+import yaml
 
 from rlpipe.io import read_json
 from tests.e2e.conftest import run
@@ -146,3 +147,6 @@ def test_exp_run_sweeps_a_param_and_exp_show_lists_the_metrics(project_copy):
     assert set(metrics["metrics/headline/train.json"]["data"]) >= {"kl_ref", "clip_fraction", "approx_kl_old"}
     refused = run(["rlpipe", "iterate"], root, check=False)  # the workspace holds the experiment's results
     assert refused.returncode == 2 and "left by `dvc exp run` or `dvc exp apply`" in refused.stderr
+    run(["rlpipe", "iterate", "--allow-experiment"], root)  # asked for: the experiment is the iteration
+    recorded = yaml.safe_load(run(["git", "show", "iteration-0:params.yaml"], root).stdout)
+    assert float(recorded["train"]["lr"]) == 5e-5 and run(["git", "status", "--porcelain", "-uno"], root).stdout == ""
