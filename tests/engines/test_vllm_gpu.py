@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.varied_tiny import varied_tiny_llama
+
 pytestmark = pytest.mark.gpu
 
 # |vLLM - reference| of a sampled token's log-prob. Measured on an H200 (vLLM 0.26.0): mean ~0.02, p99 ~0.07,
@@ -41,21 +43,7 @@ def _needs_gpu_and_vllm() -> None:
 def tiny(tmp_path_factory):
     """(model_dir, tokenizer, cpu reference model with bf16-rounded weights, prompt token ids)."""
     _needs_gpu_and_vllm()
-    from rlpipe.tiny import TASK_ALPHABET, build_char_tokenizer, build_tiny_llama
-
-    tokenizer = build_char_tokenizer(TASK_ALPHABET)
-    model = build_tiny_llama(tokenizer, hidden_size=128, num_layers=2, num_heads=4, intermediate_size=512,
-                             max_position_embeddings=64, seed=0)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        # At the default init (std 0.02) the tied embedding dominates the residual stream and the model
-        # repeats its input token with near-uniform logits; std 0.15 everywhere gives varied samples
-        # (logit std ~2, ~45% of 16-token samples stop on EOS) and greedy paths with clear margins.
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.15)
-        for p in model.parameters():
-            p.copy_(p.to(torch.bfloat16).to(torch.float32))  # the weights vLLM will run
+    tokenizer, model = varied_tiny_llama(seed=0)
     path = tmp_path_factory.mktemp("tiny_vllm")
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

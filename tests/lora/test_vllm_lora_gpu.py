@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.varied_tiny import varied_tiny_llama
+
 pytestmark = pytest.mark.gpu
 
 LOGPROB_MEAN_TOL = 0.04  # as tests/engines/test_vllm_gpu.py: bf16 vLLM against fp32, weights of std 0.15
@@ -30,24 +32,16 @@ def lora_dirs(tmp_path_factory):
     from rlpipe.config import LoraConfig
     from rlpipe.lora.adapter import model_hash
     from rlpipe.lora.peft_model import save_adapter, wrap_for_training
-    from rlpipe.tiny import TASK_ALPHABET, build_char_tokenizer, build_tiny_llama
 
     root = tmp_path_factory.mktemp("lora_vllm")
     os.chdir(root)  # the adapter's base path is relative to the project root
-    tokenizer = build_char_tokenizer(TASK_ALPHABET)
-    model = build_tiny_llama(tokenizer, hidden_size=128, num_layers=2, num_heads=4, intermediate_size=512,
-                             max_position_embeddings=64, seed=0)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.15)
-            p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    tokenizer, model = varied_tiny_llama(seed=0)
     model.save_pretrained("base")
     tokenizer.save_pretrained("base")
     lora = LoraConfig(rank=8, alpha=16.0, dropout=0.0, target_modules="all-linear", train_lm_head=False,
                       train_embeddings=False)
     peft_model = wrap_for_training(model, lora)
+    gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
             if "lora_B" in name:
