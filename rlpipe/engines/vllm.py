@@ -270,8 +270,8 @@ class _LocalReplica:
         name, int_id, path = spec
         self._lora_request = import_module("vllm.lora.request").LoRARequest(name, int_id, path)
 
-    def _sleep(self) -> None:
-        self._llm.sleep(level=2)  # weights and KV cache freed; the next request reloads the weights
+    def _sleep(self, level: int) -> None:
+        self._llm.sleep(level=level)  # 2: weights and KV cache freed; 1: weights kept in CPU memory
 
     def _wake_up(self) -> None:
         self._llm.wake_up()
@@ -465,6 +465,10 @@ class VLLMEngine:
         Why: a new policy checkpoint is a new set of weights for the same graph; starting a new engine
         would repeat vLLM's compilation, CUDA-graph capture and memory profiling (rlpipe/worker/engine_server.py).
         """
+        if self.max_lora_rank is not None:
+            # vLLM wraps a LoRA engine's layers (embed_tokens.base_layer.weight ...): a checkpoint's plain names
+            # do not load into them. A LoRA run never changes its base; a new base needs a new engine.
+            raise ValueError("a vLLM engine built with LoRA cannot reload base weights; build a new engine")
         for replica in self._replicas:
             replica.call("reload_weights", str(model_dir))
 
@@ -484,10 +488,21 @@ class VLLMEngine:
             replica.call("use_adapter", spec)
         self.adapter = None if adapter_dir is None else str(adapter_dir)
 
+    @property
+    def keeps_weights_asleep(self) -> bool:
+        """Whether `sleep` keeps the weights (in CPU memory), so `wake_up` alone restores them.
+
+        A LoRA engine does (vLLM sleep level 1): its base never changes and could not be reloaded into
+        its LoRA-wrapped layers. Otherwise level 2 frees them, since the next policy reloads every weight.
+        """
+        return self.max_lora_rank is not None
+
     def sleep(self) -> None:
-        """Free the GPU memory of weights and KV cache (vLLM sleep level 2); `wake_up` and `reload_weights` undo it."""
+        """Free the GPU memory of the KV cache and the weights (`keeps_weights_asleep`: to CPU memory);
+        `wake_up` undoes it, then `reload_weights` where the weights were dropped."""
+        level = 1 if self.keeps_weights_asleep else 2
         for replica in self._replicas:
-            replica.call("sleep")
+            replica.call("sleep", level)
 
     def wake_up(self) -> None:
         for replica in self._replicas:

@@ -15,12 +15,14 @@ never runs under settings its params do not state.
 A LoRA policy (an adapter directory over a base, rlpipe/lora) is part of the fingerprint: the
 adapter's files and its base's. vLLM serves it unmerged: the engine runs the base with LoRA enabled
 (``--max-lora-rank``, from ``train.lora.rank``, so that a LoRA run's engine needs no rebuild when the
-first adapter arrives), each new adapter gets a new LoRA request, and the base's weights are reloaded
-only when the base itself changed. The hf engine reloads base and adapter through rlpipe.models.load_model.
+first adapter arrives), and each new adapter gets a new LoRA request. vLLM cannot load a checkpoint's
+plain weight names into its LoRA-wrapped layers, so a LoRA engine never reloads its base: a changed
+base gets a new engine. The hf engine reloads base and adapter through rlpipe.models.load_model.
 
 With ``--sleep`` (vLLM only), the engine frees its GPU memory between requests (vLLM sleep level 2:
 weights and KV cache dropped, CUDA graphs kept) so that train and reference_logprob on the same GPU
-get all of it; the next request wakes it and loads the weights it names.
+get all of it; the next request wakes it and loads the weights it names. A LoRA engine sleeps at
+level 1 instead: its base weights wait in CPU memory (the base's size in bf16) and come back on wake.
 
     python -P -m rlpipe.worker.engine_server --project DIR --settings JSON --model DIR [--sleep] [--max-lora-rank R] [--kind engine|train-engine]
 """
@@ -134,8 +136,9 @@ class EngineHost:
             timings["wake"] = time.perf_counter() - t
         fingerprint = weights_fingerprint(model_dir)
         t = time.perf_counter()
-        if architecture(model_dir) != self.architecture or not self._serves_lora_of(model_dir):
-            self._build(model_dir)  # another model (or an adapter this engine has no LoRA room for): a new engine
+        if (architecture(model_dir) != self.architecture or not self._serves_lora_of(model_dir)
+                or self._new_base_under_lora(model_dir)):
+            self._build(model_dir)  # another model, an adapter this engine has no LoRA room for, a new LoRA base
             timings["rebuild"] = time.perf_counter() - t
         elif fingerprint != self.loaded or self.sleep_between:  # after sleep level 2 the weights are gone
             self._reload(model_dir)
@@ -161,13 +164,22 @@ class EngineHost:
             return True
         return self.engine.max_lora_rank is not None and int(adapter_config(model_dir)["r"]) <= self.engine.max_lora_rank
 
+    def _new_base_under_lora(self, model_dir: str) -> bool:
+        """vLLM with LoRA: whether ``model_dir``'s base is not the one loaded (which it cannot reload in place)."""
+        if self.settings["engine"] != "vllm" or self.engine.max_lora_rank is None:
+            return False
+        from rlpipe.engines.vllm import lora_serving
+
+        return weights_fingerprint(lora_serving(model_dir)[0]) != self.base_loaded
+
     def _reload(self, model_dir: str) -> None:
         if self.settings["engine"] == "vllm":
             from rlpipe.engines.vllm import lora_serving
 
             base, adapter, _ = lora_serving(model_dir)
             base_print = weights_fingerprint(base)
-            if base_print != self.base_loaded or self.sleep_between:  # the base itself changed (or slept away)
+            slept_away = self.sleep_between and not self.engine.keeps_weights_asleep
+            if base_print != self.base_loaded or slept_away:  # the base itself changed (or sleep freed it)
                 self.engine.reload_weights(base)
                 self.base_loaded = base_print
             self.engine.use_adapter(adapter)  # a new LoRA request (new id) for new adapter weights; None: base alone

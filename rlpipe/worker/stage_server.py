@@ -85,9 +85,10 @@ def warm_imports(*, compiler: bool = False) -> None:
     # torch.compile's machinery, which every stage that compiles its decoder layers (the GPU default)
     # imports after the fork otherwise: dynamo and inductor are ~1,400 modules, 1.5 s on the 2-core box and
     # 3.9 s with the first compile call in a fresh process on a GPU host (issue 12). Only where a stage
-    # compiles: elsewhere they would only lengthen the server's start. Importing them asks nothing of CUDA
-    # (checked on the CPU build). Triton is left to the child: whether importing it leaves the CUDA driver
-    # untouched, which a fork needs, has not been checked on a GPU.
+    # compiles: elsewhere they would only lengthen the server's start. A fork needs the CUDA driver
+    # untouched: warm_or_restart checks that after warming and restarts without these where it was not.
+    if compiler:  # torch.cuda.is_available() through NVML: the driver API's device count initialises CUDA
+        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     for name in ("torch._dynamo", "torch._dynamo.repro.after_dynamo", "torch._inductor.compile_fx",
                  "torch._inductor.compiler_bisector") if compiler else ():
         try:
@@ -350,6 +351,38 @@ def _run_child(request: dict, fds: list[int]) -> None:
             os._exit(code)
 
 
+def cuda_survives_fork() -> bool:
+    """Whether a child forked now can still start CUDA: False once this process has initialised the driver.
+
+    Why: a library that asks CUDA anything at import time (a device count, a capability) initialises the
+    driver, and every stage forked afterwards fails with "Cannot re-initialize CUDA in forked subprocess".
+    Asked of a real child, since the parent cannot tell without asking CUDA itself; on a machine or
+    build without CUDA the child's error is another one, and forking is safe.
+    """
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            import torch
+
+            torch.cuda.init()
+        except Exception as e:  # noqa: BLE001 - no CUDA here (CPU build, no device): nothing to lose by forking
+            code = 3 if "forked subprocess" in str(e) else 0
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def warm_or_restart(*, compiler: bool) -> None:
+    """warm_imports, then, if warming the compiler spoilt CUDA for forked stages, start over without it
+    (the same process, re-executed without --warm-compiler): a stage then imports the compiler itself."""
+    warm_imports(compiler=compiler)
+    if compiler and not cuda_survives_fork():
+        print("rlpipe stage server: importing torch.compile's modules initialised CUDA, which a forked stage "
+              "could not use; restarting without --warm-compiler", file=sys.stderr, flush=True)
+        os.execv(sys.executable, [a for a in sys.orig_argv if a != "--warm-compiler"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="rlpipe's warm stage server (see rlpipe/worker/stage_server.py)")
     parser.add_argument("--project", default=".", help="project directory whose stages this server runs")
@@ -365,7 +398,7 @@ def main() -> None:
                             category=DeprecationWarning)  # see StageServer
     t0 = time.perf_counter()
     fingerprint = environment_fingerprint()
-    warm_imports(compiler=args.warm_compiler)
+    warm_or_restart(compiler=args.warm_compiler)
     server = StageServer(addr, fingerprint=fingerprint, idle_timeout=args.idle_timeout, owner=args.owner)
     server.warmed = warm_models(args.warm)
     warmed = server.warmed

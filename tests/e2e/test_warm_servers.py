@@ -248,3 +248,39 @@ def test_the_stage_server_warms_the_compiler_only_where_a_stage_compiles(tmp_pat
         data[section].update(compile_layers=compile_layers, device=device)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     assert ("--warm-compiler" in stage_server_args(tmp_path, load_params(tmp_path / "params.yaml"))) is wanted
+
+
+@pytest.mark.parametrize("child_error, survives", [
+    (None, True),                                                          # CUDA starts in the child
+    (AssertionError("Torch not compiled with CUDA enabled"), True),        # a CPU build: nothing to spoil
+    (RuntimeError("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must "
+                  "use the 'spawn' start method"), False),                 # the parent initialised the driver
+])
+def test_a_forked_child_tells_whether_cuda_survived_the_warm_up(monkeypatch, child_error, survives):
+    import torch
+
+    from rlpipe.worker.stage_server import cuda_survives_fork
+
+    def init():
+        if child_error is not None:
+            raise child_error
+    monkeypatch.setattr(torch.cuda, "init", init)  # the forked child inherits the patch
+    assert cuda_survives_fork() is survives
+
+
+@pytest.mark.parametrize("compiler, survives, restarted", [(True, True, False), (True, False, True),
+                                                            (False, False, False)])
+def test_the_server_restarts_without_the_compiler_when_warming_it_spoilt_cuda(monkeypatch, compiler, survives,
+                                                                               restarted):
+    """Seen on an H200 (torch 2.11): every compiling stage forked after the warm-up failed with "Cannot
+    re-initialize CUDA in forked subprocess"; the server now checks and re-executes itself without the flag."""
+    from rlpipe.worker import stage_server
+
+    monkeypatch.setattr(stage_server, "warm_imports", lambda *, compiler: None)
+    monkeypatch.setattr(stage_server, "cuda_survives_fork", lambda: survives)
+    argv = ["/usr/bin/python3", "-P", "-m", "rlpipe.worker.stage_server", "--project", "p", "--warm-compiler"]
+    monkeypatch.setattr(sys, "orig_argv", argv)
+    execs = []
+    monkeypatch.setattr(os, "execv", lambda exe, args: execs.append((exe, args)))
+    stage_server.warm_or_restart(compiler=compiler)
+    assert execs == ([(sys.executable, argv[:-1])] if restarted else [])

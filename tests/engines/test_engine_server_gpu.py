@@ -101,3 +101,67 @@ def test_served_samples_equal_an_engine_of_the_same_weights_and_follow_each_poli
         assert report["a_vs_b"] < 0.5  # different weights sample differently: the reload had an effect
     finally:
         lifecycle.stop("engine", root)
+
+
+def _adapter(root, name: str, seed: int) -> str:
+    """A rank-8 all-linear adapter over root/a with random B (so it changes the samples), saved as train saves one."""
+    from rlpipe.config import LoraConfig
+    from rlpipe.lora.adapter import model_hash
+    from rlpipe.lora.peft_model import save_adapter, wrap_for_training
+    from rlpipe.models import load_model
+
+    lora = LoraConfig(rank=8, alpha=16.0, dropout=0.0, target_modules="all-linear", train_lm_head=False,
+                      train_embeddings=False)
+    peft_model = wrap_for_training(load_model(root / "a", device="cpu", dtype="float32"), lora)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for key, p in peft_model.named_parameters():
+            if "lora_B" in key:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+    save_adapter(peft_model, root / name, policy_version=1, base_path=root / "a", base_hash=model_hash(root / "a"))
+    return str(root / name)
+
+
+def test_a_sleeping_lora_server_samples_each_new_adapter_over_the_base_it_keeps(two_models):
+    """A LoRA run's engine server (`--max-lora-rank`, `--sleep`): the base, then an adapter, then new adapter
+    weights in the same directory, with no rebuild and no base reload (vLLM cannot load plain weights into
+    LoRA-wrapped layers); served adapter samples equal an in-process engine's with the same adapter."""
+    from rlpipe.engines.base import SamplingParams
+    from rlpipe.engines.vllm import VLLMEngine
+    from rlpipe.worker import lifecycle
+    from rlpipe.worker.engine_client import remote_engine
+
+    root, tokenizer, prompts = two_models
+    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=MAX_NEW)
+    settings = {"engine": "vllm", "dtype": "bfloat16", "tensor_parallel_size": 1, "data_parallel_size": 1,
+                "gpu_memory_utilization": 0.3, "enable_prefix_caching": True, "enforce_eager": True,
+                "max_model_len": 64}
+    lora_root = root / "lora"
+    lora_root.mkdir()
+    lifecycle.start("engine", lora_root, ["--settings", json.dumps(settings), "--model", str(root / "a"), "--sleep",
+                                          "--max-lora-rank", "8"])
+    try:
+        served = {}
+        for name, policy in (("base", root / "a"), ("first", _adapter(root, "policy", 1)), ("second", None)):
+            if policy is None:
+                policy = _adapter(root, "policy", 2)  # the next iteration's adapter, same directory
+            engine = remote_engine(settings, model_dir=policy, eos_token_ids=[tokenizer.eos_token_id],
+                                   pad_token_id=tokenizer.pad_token_id, project=lora_root)
+            assert engine is not None
+            served[name] = engine.generate(_requests(prompts), params)
+            assert engine.timings["rebuild"] == 0.0 and engine.timings["sleep"] > 0, engine.timings
+        with VLLMEngine(root / "a", dtype="bfloat16", eos_token_ids=[tokenizer.eos_token_id],
+                        gpu_memory_utilization=0.3, enforce_eager=True, max_model_len=64, max_lora_rank=8) as local:
+            local.use_adapter(root / "policy")
+            own_second = local.generate(_requests(prompts), params)
+        report = {"served_second_vs_own_second": _same_share(served["second"], own_second),
+                  "first_vs_second": _same_share(served["first"], served["second"]),
+                  "base_vs_second": _same_share(served["base"], served["second"])}
+        print(json.dumps(report))
+        if path := os.environ.get("RLPIPE_GPU_REPORT"):
+            with open(path, "a") as f:
+                f.write(json.dumps({"engine_server_lora": report}) + "\n")
+        assert report["served_second_vs_own_second"] >= SAME_SHARE  # the new adapter weights were served
+        assert report["first_vs_second"] < 0.5 and report["base_vs_second"] < 0.5
+    finally:
+        lifecycle.stop("engine", lora_root)

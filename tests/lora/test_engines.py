@@ -35,6 +35,7 @@ class LoraFakeLLM(FakeLLM):
         super().__init__(**kwargs)
         self.lora_requests: list = []
         self.reloads: list = []
+        self.sleeps: list = []
 
     def generate(self, prompts, sampling_params, *, use_tqdm=True, lora_request=None):
         self.lora_requests.append(lora_request)
@@ -42,6 +43,12 @@ class LoraFakeLLM(FakeLLM):
 
     def collective_rpc(self, method, kwargs):
         self.reloads.append((method, kwargs))
+
+    def sleep(self, level):
+        self.sleeps.append(level)
+
+    def wake_up(self):
+        pass
 
     def reset_prefix_cache(self):
         pass
@@ -108,6 +115,38 @@ def test_vllm_engine_server_swaps_adapters_without_reloading_the_base(project, l
     host.generate("ckpt", REQUESTS, PARAMS)
     assert len(FakeLLM.instances) == 1 and llm.reloads == []  # no rebuild, the base never reloaded
     assert [r.lora_int_id for r in llm.lora_requests[1:]] == [1, 2]
+
+
+def test_a_sleeping_lora_engine_keeps_its_base_and_a_new_base_gets_a_new_engine(project, lora_vllm, tmp_path):
+    """vLLM cannot load a checkpoint's plain names into LoRA-wrapped layers (`embed_tokens.weight` against
+    `embed_tokens.base_layer.weight`, seen on an H200): asleep, the base waits in CPU memory (level 1)."""
+    settings = {"engine": "vllm", "dtype": "bfloat16", "tensor_parallel_size": 1, "data_parallel_size": 1,
+                "gpu_memory_utilization": 0.5, "enable_prefix_caching": True, "enforce_eager": True,
+                "max_model_len": None}
+    host = EngineHost(settings, BASE, sleep=True, max_lora_rank=16)
+    (llm,) = FakeLLM.instances
+    for policy in (BASE, adapter(), adapter("ckpt", seed=2)):
+        _, timings = host.generate(policy, REQUESTS, PARAMS)
+        assert timings["rebuild"] == 0.0
+    assert llm.reloads == [] and llm.sleeps == [1, 1, 1, 1]  # after the build, then after each request
+    assert [r and r.lora_int_id for r in llm.lora_requests] == [None, 1, 2]
+    with pytest.raises(ValueError, match="cannot reload base weights"):
+        host.engine.reload_weights(BASE)
+
+    import shutil
+    shutil.copytree(BASE, tmp_path / "other_base")  # the same architecture, other files: another base
+    _, timings = host.generate(str(tmp_path / "other_base"), REQUESTS, PARAMS)
+    assert timings["rebuild"] > 0 and len(FakeLLM.instances) == 2 and FakeLLM.instances[1].reloads == []
+
+
+def test_a_sleeping_engine_without_lora_drops_its_weights_and_reloads_them(project, lora_vllm):
+    settings = {"engine": "vllm", "dtype": "bfloat16", "tensor_parallel_size": 1, "data_parallel_size": 1,
+                "gpu_memory_utilization": 0.5, "enable_prefix_caching": True, "enforce_eager": True,
+                "max_model_len": None}
+    host = EngineHost(settings, BASE, sleep=True)
+    (llm,) = FakeLLM.instances
+    host.generate(BASE, REQUESTS, PARAMS)
+    assert llm.sleeps == [2, 2] and [m for m, _ in llm.reloads] == ["reload_weights"]
 
 
 def test_engine_server_fingerprint_covers_adapter_and_base(project):
