@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import sys
 import types
 from collections import namedtuple
@@ -28,6 +29,9 @@ BASE = "artifacts/prepare/model"
 LoRARequest = namedtuple("LoRARequest", "lora_name lora_int_id lora_path")
 PARAMS = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=4)
 REQUESTS = [PromptRequest((3, 4, 12), seed=derive_seed(1, i), n=3) for i in range(3)]
+VLLM_SERVER_SETTINGS = {"engine": "vllm", "dtype": "bfloat16", "tensor_parallel_size": 1, "data_parallel_size": 1,
+                        "gpu_memory_utilization": 0.5, "enable_prefix_caching": True, "enforce_eager": True,
+                        "max_model_len": None}
 
 
 class LoraFakeLLM(FakeLLM):
@@ -102,10 +106,7 @@ def test_vllm_refuses_an_adapter_that_trains_the_head_in_full(project, lora_vllm
 
 
 def test_vllm_engine_server_swaps_adapters_without_reloading_the_base(project, lora_vllm):
-    settings = {"engine": "vllm", "dtype": "bfloat16", "tensor_parallel_size": 1, "data_parallel_size": 1,
-                "gpu_memory_utilization": 0.5, "enable_prefix_caching": True, "enforce_eager": True,
-                "max_model_len": None}
-    host = EngineHost(settings, BASE, sleep=False, max_lora_rank=16)  # a LoRA run's server starts on the base
+    host = EngineHost(VLLM_SERVER_SETTINGS, BASE, sleep=False, max_lora_rank=16)  # a LoRA run's server starts on the base
     (llm,) = FakeLLM.instances
     assert llm.kwargs["max_lora_rank"] == 16
     host.generate(BASE, REQUESTS, PARAMS)
@@ -120,10 +121,7 @@ def test_vllm_engine_server_swaps_adapters_without_reloading_the_base(project, l
 def test_a_sleeping_lora_engine_keeps_its_base_and_a_new_base_gets_a_new_engine(project, lora_vllm, tmp_path):
     """vLLM cannot load a checkpoint's plain names into LoRA-wrapped layers (`embed_tokens.weight` against
     `embed_tokens.base_layer.weight`, seen on an H200): asleep, the base waits in CPU memory (level 1)."""
-    settings = {"engine": "vllm", "dtype": "bfloat16", "tensor_parallel_size": 1, "data_parallel_size": 1,
-                "gpu_memory_utilization": 0.5, "enable_prefix_caching": True, "enforce_eager": True,
-                "max_model_len": None}
-    host = EngineHost(settings, BASE, sleep=True, max_lora_rank=16)
+    host = EngineHost(VLLM_SERVER_SETTINGS, BASE, sleep=True, max_lora_rank=16)
     (llm,) = FakeLLM.instances
     for policy in (BASE, adapter(), adapter("ckpt", seed=2)):
         _, timings = host.generate(policy, REQUESTS, PARAMS)
@@ -133,17 +131,13 @@ def test_a_sleeping_lora_engine_keeps_its_base_and_a_new_base_gets_a_new_engine(
     with pytest.raises(ValueError, match="cannot reload base weights"):
         host.engine.reload_weights(BASE)
 
-    import shutil
     shutil.copytree(BASE, tmp_path / "other_base")  # the same architecture, other files: another base
     _, timings = host.generate(str(tmp_path / "other_base"), REQUESTS, PARAMS)
     assert timings["rebuild"] > 0 and len(FakeLLM.instances) == 2 and FakeLLM.instances[1].reloads == []
 
 
 def test_a_sleeping_engine_without_lora_drops_its_weights_and_reloads_them(project, lora_vllm):
-    settings = {"engine": "vllm", "dtype": "bfloat16", "tensor_parallel_size": 1, "data_parallel_size": 1,
-                "gpu_memory_utilization": 0.5, "enable_prefix_caching": True, "enforce_eager": True,
-                "max_model_len": None}
-    host = EngineHost(settings, BASE, sleep=True)
+    host = EngineHost(VLLM_SERVER_SETTINGS, BASE, sleep=True)
     (llm,) = FakeLLM.instances
     host.generate(BASE, REQUESTS, PARAMS)
     assert llm.sleeps == [2, 2] and [m for m, _ in llm.reloads] == ["reload_weights"]
