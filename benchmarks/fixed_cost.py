@@ -204,6 +204,7 @@ def main() -> None:
     from rlpipe.run.loop import run_iterations
 
     rows: list[dict] = []
+    header = {"date": time.strftime("%Y-%m-%d"), "machine": platform.node(), "card": card_names(), "args": vars(args)}
     marks = [time.perf_counter()]
 
     def record(row: dict) -> None:
@@ -216,7 +217,7 @@ def main() -> None:
                      "run_seconds": row.get("run_seconds"),
                      "outside_stages_s": round(wall - sum(s["total"] for s in seconds.values()), 2)})
         if args.out:  # after every iteration: a run cut short still leaves its rows
-            Path(args.out).write_text(json.dumps({"args": vars(args), "iterations": rows}, indent=1))
+            Path(args.out).write_text(json.dumps({**header, "iterations": rows}, indent=1))
         print(f"iteration {row['iteration']}: wall {wall:.1f} s, pure compute {compute:.1f} s, "
               f"ratio {wall / compute if compute else float('nan'):.3f}; loop {row.get('run_seconds')}", flush=True)
         for name, s in seconds.items():
@@ -231,9 +232,7 @@ def main() -> None:
                        max_staleness=args.max_staleness, on_iteration=record)
     finally:
         os.chdir(cwd)
-    result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.node(), "args": vars(args), "iterations": rows,
-              "total_wall_s": round(marks[-1] - marks[0], 2)}
-    result["card"] = card_names()
+    result = {**header, "iterations": rows, "total_wall_s": round(marks[-1] - marks[0], 2)}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
 
