@@ -286,6 +286,8 @@ def read_table_file(path: str | os.PathLike) -> pl.DataFrame:
     p = Path(path)
     if not p.is_file():
         raise ArtifactError(f"{p}: file not found")
+    if p.stat().st_size == 0:
+        raise ArtifactError(f"{p}: the file is empty")
     try:
         if p.suffix == ".parquet":
             return pl.read_parquet(p)

@@ -93,7 +93,9 @@ def _fill(root: Path, template: Path, *, model, train, eval_, rewards, prompt_co
     (root / DATA_DIR).mkdir()
     files = {split: sources.import_prompt_file(src, root / DATA_DIR, split)
              for split, src in (("train", train), ("eval", eval_))}
-    columns = {split: sources.check_columns(f, prompt_column, answer_column) for split, f in files.items()}
+    given = {"train": train, "eval": eval_}
+    columns = {split: sources.check_columns(f, prompt_column, answer_column, source=given[split])
+               for split, f in files.items()}
     sources.copy_model(model, root / MODEL_DIR)
     user_rewards = tuple(sources.import_reward(name, root, columns=columns["train"], source_dir=reward_source)
                          for name in rewards)

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import yaml
 
 from rlpipe.config import UNSET_OPTION
-from rlpipe.errors import ConfigError
+from rlpipe.errors import ArtifactError, ConfigError
 from rlpipe.io import read_table_file
 
 TABLE_SUFFIXES = (".parquet", ".jsonl", ".ndjson", ".csv")
@@ -61,12 +61,22 @@ def _convert_hf_dataset(src: Path, dest: Path) -> Path:
     return dest
 
 
-def check_columns(path: Path, prompt_column: str, answer_column: str | None) -> list[str]:
-    """The file's columns, after checking that the prompt (and answer) columns exist."""
-    columns = read_table_file(path).columns
+def check_columns(path: Path, prompt_column: str, answer_column: str | None, *,
+                  source: str | Path | None = None) -> list[str]:
+    """The file's columns, after checking that it has rows and the prompt (and answer) columns.
+
+    ``source``: the file the user gave, which errors name (``path`` is the project's copy of it)."""
+    shown = source if source is not None else path
+    try:
+        table = read_table_file(path)
+    except ArtifactError as e:
+        raise ConfigError(f"{shown}: {str(e).removeprefix(f'{path}: ')}") from None
+    columns = table.columns
     for flag, column in (("--prompt-column", prompt_column), ("--answer-column", answer_column)):
         if column is not None and column not in columns:
-            raise ConfigError(f"{path}: no column {column!r} ({flag}); its columns are {columns}")
+            raise ConfigError(f"{shown}: no column {column!r} ({flag}); its columns are {columns}")
+    if table.height == 0:
+        raise ConfigError(f"{shown}: no rows: a prompt file needs at least one prompt")
     return columns
 
 

@@ -6,6 +6,7 @@ key `rlpipe init` owns overwritten, which is what these tests check.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -102,6 +103,19 @@ def test_reward_options_to_fill_in_are_listed_and_refused_by_name(inputs, tmp_pa
 def test_refusals_name_the_problem_and_leave_nothing_behind(inputs, tmp_path, problem, match):
     with pytest.raises(ConfigError, match=match):
         make(inputs, tmp_path / "p", **problem)
+    assert not (tmp_path / "p").exists()
+
+
+def test_prompt_file_errors_name_the_file_the_user_gave(inputs, tmp_path):
+    """Not the project's copy of it (data/train.jsonl), which the refusal has removed again."""
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(inputs / 'train.jsonl'))}: no column 'prompt'"):
+        make(inputs, tmp_path / "p", prompt_column="prompt")
+    (inputs / "empty.jsonl").write_text("")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(inputs / 'empty.jsonl'))}: the file is empty"):
+        make(inputs, tmp_path / "p", train=inputs / "empty.jsonl")
+    pl.DataFrame(schema={"question": pl.String, "solution": pl.String}).write_parquet(inputs / "none.parquet")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(inputs / 'none.parquet'))}: no rows"):
+        make(inputs, tmp_path / "p", eval_=inputs / "none.parquet")
     assert not (tmp_path / "p").exists()
 
 
