@@ -281,13 +281,16 @@ def read_artifact(path: str | os.PathLike, schema: ArtifactSchema) -> Artifact:
     return Artifact(frame=_conform(frame, schema, str(p), allow_cast=False), metadata=meta, path=p)
 
 
-def read_table_file(path: str | os.PathLike) -> pl.DataFrame:
-    """Read a user's Parquet, JSONL or CSV file (prompt files), with a clear error if unreadable."""
+def read_table_file(path: str | os.PathLike, *, name: str | os.PathLike | None = None) -> pl.DataFrame:
+    """Read a user's Parquet, JSONL or CSV file (prompt files), with a clear error if unreadable.
+
+    ``name``: what the errors call the file (the user's own path, where ``path`` is a copy of it)."""
     p = Path(path)
+    shown = p if name is None else name
     if not p.is_file():
-        raise ArtifactError(f"{p}: file not found")
+        raise ArtifactError(f"{shown}: file not found")
     if p.stat().st_size == 0:
-        raise ArtifactError(f"{p}: the file is empty")
+        raise ArtifactError(f"{shown}: the file is empty")
     try:
         if p.suffix == ".parquet":
             return pl.read_parquet(p)
@@ -296,8 +299,8 @@ def read_table_file(path: str | os.PathLike) -> pl.DataFrame:
         if p.suffix == ".csv":
             return pl.read_csv(p, infer_schema=False)  # every column a string: "007" stays "007"
     except Exception as e:  # polars raises several types for malformed files
-        raise ArtifactError(f"{p}: could not be read: {e}") from None
-    raise ArtifactError(f"{p}: unsupported file type {p.suffix!r}; use .parquet, .jsonl or .csv")
+        raise ArtifactError(f"{shown}: could not be read: {e}") from None
+    raise ArtifactError(f"{shown}: unsupported file type {p.suffix!r}; use .parquet, .jsonl or .csv")
 
 
 # ----------------------------------------------------------------------------------------------

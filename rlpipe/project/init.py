@@ -15,7 +15,6 @@ from typing import Any, Sequence
 
 from rlpipe.config import UNSET_OPTION, load_params
 from rlpipe.errors import ConfigError
-from rlpipe.io import read_table_file
 from rlpipe.project import pipeline, sources
 
 MODEL_DIR = "models/base"
@@ -94,10 +93,10 @@ def _fill(root: Path, template: Path, *, model, train, eval_, rewards, prompt_co
     files = {split: sources.import_prompt_file(src, root / DATA_DIR, split)
              for split, src in (("train", train), ("eval", eval_))}
     given = {"train": train, "eval": eval_}
-    columns = {split: sources.check_columns(f, prompt_column, answer_column, source=given[split])
-               for split, f in files.items()}
+    tables = {split: sources.read_prompt_table(f, prompt_column, answer_column, source=given[split])
+              for split, f in files.items()}
     sources.copy_model(model, root / MODEL_DIR)
-    user_rewards = tuple(sources.import_reward(name, root, columns=columns["train"], source_dir=reward_source)
+    user_rewards = tuple(sources.import_reward(name, root, columns=tables["train"].columns, source_dir=reward_source)
                          for name in rewards)
     reward_files = sorted({f for r in user_rewards for f in r.files})
     shutil.copytree(template / "stages", root / "stages", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -111,8 +110,8 @@ def _fill(root: Path, template: Path, *, model, train, eval_, rewards, prompt_co
     (root / ".gitignore").write_text(GITIGNORE)
     if not _unset(user_rewards):
         load_params(root / "params.yaml")  # the written file passes the strict loader (unless options wait)
-    return InitReport(root=root, rewards=user_rewards, num_train=read_table_file(files["train"]).height,
-                      num_eval=read_table_file(files["eval"]).height)
+    return InitReport(root=root, rewards=user_rewards, num_train=tables["train"].height,
+                      num_eval=tables["eval"].height)
 
 
 def _unset(rewards: Sequence[sources.UserReward]) -> bool:

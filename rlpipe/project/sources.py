@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import polars as pl
 import yaml
 
 from rlpipe.config import UNSET_OPTION
@@ -61,23 +62,23 @@ def _convert_hf_dataset(src: Path, dest: Path) -> Path:
     return dest
 
 
-def check_columns(path: Path, prompt_column: str, answer_column: str | None, *,
-                  source: str | Path | None = None) -> list[str]:
-    """The file's columns, after checking that it has rows and the prompt (and answer) columns.
+def read_prompt_table(path: Path, prompt_column: str, answer_column: str | None, *,
+                      source: str | Path | None = None) -> pl.DataFrame:
+    """The prompt file's table, after checking that it has rows and the prompt (and answer) columns.
 
     ``source``: the file the user gave, which errors name (``path`` is the project's copy of it)."""
     shown = source if source is not None else path
     try:
-        table = read_table_file(path)
+        table = read_table_file(path, name=shown)
     except ArtifactError as e:
-        raise ConfigError(f"{shown}: {str(e).removeprefix(f'{path}: ')}") from None
+        raise ConfigError(str(e)) from None
     columns = table.columns
     for flag, column in (("--prompt-column", prompt_column), ("--answer-column", answer_column)):
         if column is not None and column not in columns:
             raise ConfigError(f"{shown}: no column {column!r} ({flag}); its columns are {columns}")
     if table.height == 0:
         raise ConfigError(f"{shown}: no rows: a prompt file needs at least one prompt")
-    return columns
+    return table
 
 
 def copy_model(src: str | Path, dest: Path) -> Path:
