@@ -13,6 +13,9 @@ import os
 import pytest
 import torch
 
+from tests.lora.conftest import lora, perturb_adapter
+from tests.varied_tiny import varied_tiny_llama
+
 pytestmark = pytest.mark.gpu
 
 MAX_NEW = 16
@@ -26,16 +29,7 @@ def _needs_gpu_and_vllm() -> None:
 
 
 def _tiny_dir(path, seed: int):
-    from rlpipe.tiny import TASK_ALPHABET, build_char_tokenizer, build_tiny_llama
-
-    tokenizer = build_char_tokenizer(TASK_ALPHABET)
-    model = build_tiny_llama(tokenizer, hidden_size=128, num_layers=2, num_heads=4, intermediate_size=512,
-                             max_position_embeddings=64, seed=seed)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # varied samples (see test_vllm_gpu.py's fixture for why std 0.15)
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.15)
+    tokenizer, model = varied_tiny_llama(seed)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return tokenizer
@@ -105,19 +99,12 @@ def test_served_samples_equal_an_engine_of_the_same_weights_and_follow_each_poli
 
 def _adapter(root, name: str, seed: int) -> str:
     """A rank-8 all-linear adapter over root/a with random B (so it changes the samples), saved as train saves one."""
-    from rlpipe.config import LoraConfig
     from rlpipe.lora.adapter import model_hash
     from rlpipe.lora.peft_model import save_adapter, wrap_for_training
     from rlpipe.models import load_model
 
-    lora = LoraConfig(rank=8, alpha=16.0, dropout=0.0, target_modules="all-linear", train_lm_head=False,
-                      train_embeddings=False)
-    peft_model = wrap_for_training(load_model(root / "a", device="cpu", dtype="float32"), lora)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for key, p in peft_model.named_parameters():
-            if "lora_B" in key:
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+    peft_model = wrap_for_training(load_model(root / "a", device="cpu", dtype="float32"), lora(rank=8, alpha=16.0))
+    perturb_adapter(peft_model, seed=seed, scale=0.1)
     save_adapter(peft_model, root / name, policy_version=1, base_path=root / "a", base_hash=model_hash(root / "a"))
     return str(root / name)
 
