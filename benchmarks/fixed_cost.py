@@ -214,12 +214,13 @@ def main() -> None:
         wall = marks[-1] - marks[-2]
         rows.append({"iteration": row["iteration"], "wall_s": round(wall, 2), "compute_s": round(compute, 2),
                      "ratio": round(wall / compute, 3) if compute else None, "stages": seconds,
-                     "run_seconds": row.get("run_seconds"),
+                     "run_seconds": row.get("run_seconds"), "dvc_seconds": row.get("dvc_seconds"),
                      "outside_stages_s": round(wall - sum(s["total"] for s in seconds.values()), 2)})
         if args.out:  # after every iteration: a run cut short still leaves its rows
             Path(args.out).write_text(json.dumps({**header, "iterations": rows}, indent=1))
         print(f"iteration {row['iteration']}: wall {wall:.1f} s, pure compute {compute:.1f} s, "
-              f"ratio {wall / compute if compute else float('nan'):.3f}; loop {row.get('run_seconds')}", flush=True)
+              f"ratio {wall / compute if compute else float('nan'):.3f}; loop {row.get('run_seconds')}; "
+              f"dvc {row.get('dvc_seconds')}", flush=True)
         for name, s in seconds.items():
             print(f"  {name:18s} total {s['total']:7.2f}  compute {s.get('compute', 0.0):7.2f}  "
                   f"fixed {s['fixed']:6.2f}  " + " ".join(f"{k}={v}" for k, v in s.items()

@@ -143,8 +143,77 @@ def _new_paths_hashed_as_md5():
         StageLoader.fill_from_lock = original
 
 
-def repro(root: str | os.PathLike, targets: list[str] | None = None) -> list[str]:
-    """``dvc repro [targets]``; returns the names of the stages that ran (or were restored from the run cache)."""
+# What `_dvc_phases` times: (phase, DVC's module, its function or Class.method) -> the phase its seconds go to.
+DVC_PHASES = (("commands", "dvc.stage.run", "cmd_run"),  # the stages' commands (their processes, start to exit)
+              ("changed", "dvc.stage", "Stage.changed"),  # deciding whether a stage must run (hashes its deps)
+              ("remove_outs", "dvc.stage", "Stage.remove_outs"),  # deleting a stage's old outs before it runs
+              ("hash", "dvc.stage", "Stage.save_deps"),  # hashing the deps before the command,
+              ("hash", "dvc.stage", "Stage.save"),  # and deps and outs after it (and the run-cache entry)
+              ("cache", "dvc.stage", "Stage.commit"),  # moving the outs into DVC's cache, linking them back
+              ("lock", "dvc.stage", "Stage.dump"))  # writing the stage's dvc.lock entry
+
+
+@contextmanager
+def _dvc_phases(phases: dict[str, float] | None):
+    """While DVC reproduces, add the wall seconds of each of its phases (`DVC_PHASES`) to ``phases``;
+    ``phases["dvc_other"]`` gets the rest of the call (loading the pipeline, the run cache's lookups).
+
+    Why: `rlpipe run` spends seconds a stage inside `dvc repro` besides the stages' own processes
+    (12.4 s an iteration for the 0.5B shape on an H200); `benchmarks/fixed_cost.py` reports this split so
+    that the fixed cost can be attributed without a profiler. Wraps DVC's functions without changing
+    what they do; a function a DVC version lacks is left out of the split.
+    """
+    if phases is None:
+        yield
+        return
+    import importlib
+    import time
+
+    restore: list[tuple[Any, str, Any]] = []
+    depth = {"n": 0}  # nested phases (a stage's save inside another phase) count once, in the outer one
+
+    def timed(name: str, fn):
+        def wrapper(*args, **kwargs):
+            if depth["n"]:
+                return fn(*args, **kwargs)
+            depth["n"] += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth["n"] -= 1
+                phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0
+        return wrapper
+
+    for name, module_name, attribute in DVC_PHASES:
+        try:
+            owner = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        *path, leaf = attribute.split(".")
+        for part in path:
+            owner = getattr(owner, part, None)
+        original = owner.__dict__.get(leaf) if owner is not None else None
+        if callable(original):
+            restore.append((owner, leaf, original))
+            setattr(owner, leaf, timed(name, original))
+    before = dict(phases)
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        for owner, leaf, original in reversed(restore):
+            setattr(owner, leaf, original)
+        timed_total = sum(phases.get(name, 0.0) - before.get(name, 0.0) for name in {p[0] for p in DVC_PHASES})
+        phases["dvc_other"] = phases.get("dvc_other", 0.0) + max(0.0, time.perf_counter() - t0 - timed_total)
+
+
+def repro(root: str | os.PathLike, targets: list[str] | None = None, *,
+          phases: dict[str, float] | None = None) -> list[str]:
+    """``dvc repro [targets]``; returns the names of the stages that ran (or were restored from the run cache).
+
+    ``phases``: a dict that gets the seconds of DVC's phases added (`_dvc_phases`; in-process DVC only).
+    """
     root = Path(root).resolve()
     if not _api_available():
         _cli(["repro", *(targets or [])], root, capture=False)
@@ -153,7 +222,7 @@ def repro(root: str | os.PathLike, targets: list[str] | None = None) -> list[str
     from dvc.repo import Repo
 
     with (chdir(root), _lockfile_read_by_the_c_loader(), _lockfile_written_atomically(),  # cwd: DVC resolves stage dirs
-          _new_paths_hashed_as_md5()):
+          _new_paths_hashed_as_md5(), _dvc_phases(phases)):
         try:
             with Repo(str(root)) as repo:
                 stages = repo.reproduce(targets or None)

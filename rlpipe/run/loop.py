@@ -65,16 +65,17 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
                             with clock("wait_ahead"):
                                 ahead.wait()  # iteration k's own prefetch, started during k-1: never sample twice
                             with clock("repro"):  # restores what ran ahead (runs it in iteration 0)
-                                _repro(root, params.iteration, until, sampling_targets(params))
+                                _repro(root, params.iteration, until, sampling_targets(params), clock.dvc)
                             if params.iteration + 1 < until:
                                 with clock("start_ahead"):
                                     _start_ahead(ahead, root, params, params_file, running.env_for_sampling())
                         with clock("repro"), running.for_training(params):
-                            _repro(root, params.iteration, until, None)
+                            _repro(root, params.iteration, until, None, clock.dvc)
                         reproduced = True
                     with clock("advance"):
                         row = advance(root, params_file=params_file, commit=commit, just_reproduced=reproduced)
-                    row = {**row, "run_seconds": clock.seconds}  # for on_iteration (benchmarks); not in the history
+                    # for on_iteration (benchmarks); not in the history
+                    row = {**row, "run_seconds": clock.seconds, "dvc_seconds": clock.dvc_seconds()}
                     rows.append(row)
                     if on_iteration is not None:
                         on_iteration(row)
@@ -97,9 +98,10 @@ def sampling_targets(params: Params) -> list[str]:
     return sampled_ahead(params, params.iteration) if generation_has_own_devices(params) else ["advantage"]
 
 
-def _repro(root: Path, iteration: int, until: int, targets: list[str] | None) -> None:
+def _repro(root: Path, iteration: int, until: int, targets: list[str] | None,
+           phases: dict[str, float] | None = None) -> None:
     try:
-        dvc.repro(root, targets)
+        dvc.repro(root, targets, phases=phases)
     except RlpipeError as e:
         raise RlpipeError(f"{e} (iteration {iteration}); fix the cause and run `rlpipe run --until {until}` to "
                           "resume") from None
@@ -119,6 +121,10 @@ class _Clock:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.dvc: dict[str, float] = {}  # DVC's phases within "repro" (rlpipe.run.dvc.DVC_PHASES)
+
+    def dvc_seconds(self) -> dict[str, float]:
+        return {name: round(s, 3) for name, s in sorted(self.dvc.items())}
 
     @contextmanager
     def __call__(self, name: str):

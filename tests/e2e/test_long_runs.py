@@ -66,18 +66,39 @@ def uninterrupted(reproduced, tmp_path_factory) -> Path:
 
 
 def wait_for_stage(proc: subprocess.Popen, stage: str, timeout: float = 300) -> psutil.Process:
-    """Poll the process tree under ``proc`` until the script of ``stage`` runs; return that process."""
+    """Poll the process tree under ``proc`` until the script of ``stage`` runs; return that process.
+
+    Only a Python process running the script matches: `rlpipe iterate` commits the stages' code with
+    ``git add -- ... stages/train.py ...``, which once matched here and had the kill land in iteration
+    1's generate instead of its train.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before {stage} started"
         for child in psutil.Process(proc.pid).children(recursive=True):
             try:
-                if any(arg.endswith(f"stages/{stage}.py") for arg in child.cmdline()):
+                if runs_stage_script(child.cmdline(), stage):
                     return child
             except psutil.Error:
                 continue
         time.sleep(0.1)
     raise AssertionError(f"{stage} did not start within {timeout} s")
+
+
+def runs_stage_script(cmdline: list[str], stage: str) -> bool:
+    """``python [options] stages/<stage>.py ...``: the interpreter, then the stage's script as the program."""
+    if not cmdline or not os.path.basename(cmdline[0]).startswith("python"):
+        return False
+    program = next((arg for arg in cmdline[1:] if not arg.startswith("-")), "")
+    return program.endswith(f"stages/{stage}.py")
+
+
+def test_only_the_stage_script_itself_counts_as_the_stage_running():
+    assert runs_stage_script(["/usr/bin/python3", "stages/train.py", "--params", "params.yaml"], "train")
+    assert runs_stage_script(["python", "-u", "stages/train.py"], "train")
+    assert not runs_stage_script(["git", "add", "--", "dvc.lock", "stages/score.py", "stages/train.py"], "train")
+    assert not runs_stage_script(["/bin/sh", "-c", "python stages/train.py --params params.yaml"], "train")
+    assert not runs_stage_script(["python", "stages/generate.py", "--policy", "x/stages/train.py"], "train")
 
 
 def still_running(process: psutil.Process) -> bool:

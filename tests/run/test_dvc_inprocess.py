@@ -212,3 +212,36 @@ def test_a_dependency_path_new_to_the_lock_is_hashed_once_and_the_lock_is_dvcs_o
     assert locks[0] == locks[1]
     assert "path: b\n      hash: md5\n" in locks[1]
     assert counts[1] == 1 < counts[0]
+
+
+def test_a_repro_splits_its_time_into_dvcs_phases_and_leaves_dvc_unchanged(tmp_path):
+    """`rlpipe run` reports where `dvc repro` spends its time besides the stages (benchmarks/fixed_cost.py):
+    the commands' own wall time, DVC's hashing, caching and lock writes, the rest; they add up to the call."""
+    import time
+
+    import dvc.stage
+    import dvc.stage.run
+
+    from rlpipe.run import dvc as rlpipe_dvc
+
+    root = _dvc_project(tmp_path / "p")
+    (root / "dvc.yaml").write_text("""stages:
+  slow:
+    cmd: python -c "import os, time; time.sleep(0.5); open('out.bin', 'wb').write(os.urandom(3_000_000))"
+    outs:
+      - out.bin
+""")
+    originals = (dvc.stage.run.cmd_run, dvc.stage.Stage.save, dvc.stage.Stage.commit, dvc.stage.Stage.dump)
+    phases: dict[str, float] = {}
+    t0 = time.perf_counter()
+    assert rlpipe_dvc.repro(root, phases=phases) == ["slow"]
+    wall = time.perf_counter() - t0
+    assert set(phases) == {"commands", "changed", "remove_outs", "hash", "cache", "lock", "dvc_other"}
+    assert 0.5 <= phases["commands"] < wall
+    assert phases["hash"] > 0 and phases["cache"] > 0 and phases["lock"] > 0
+    assert sum(phases.values()) == pytest.approx(wall, abs=0.05)  # every second of the call, once
+    assert (dvc.stage.run.cmd_run, dvc.stage.Stage.save, dvc.stage.Stage.commit, dvc.stage.Stage.dump) == originals
+
+    first = dict(phases)
+    assert rlpipe_dvc.repro(root, phases=phases) == []  # nothing changed: no command runs, the dict adds up
+    assert phases["commands"] == first["commands"] and phases["changed"] > first["changed"]
