@@ -245,3 +245,56 @@ def test_a_repro_splits_its_time_into_dvcs_phases_and_leaves_dvc_unchanged(tmp_p
     first = dict(phases)
     assert rlpipe_dvc.repro(root, phases=phases) == []  # nothing changed: no command runs, the dict adds up
     assert phases["commands"] == first["commands"] and phases["changed"] > first["changed"]
+
+
+BIG_OUTPUT = """stages:
+  checkpoint:
+    cmd: python -c "import os, random; os.makedirs('ck/master', exist_ok=True);
+      [open(p, 'wb').write(random.Random(p).randbytes(17_000_000)) for p in ('ck/model.bin', 'ck/master/low.bin')];
+      open('ck/config.json', 'w').write('{}')"
+    outs:
+      - ck
+"""
+
+
+def test_a_stages_large_output_files_are_hashed_at_once_and_the_lock_is_dvcs_own(tmp_path, monkeypatch):
+    """A checkpoint's weights and low bits lie in two directories, which DVC hashes one after the other:
+    through rlpipe both are hashed in threads of their own, once each, and dvc.lock and the cache are
+    what DVC alone makes of them."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    import dvc_data.hashfile.hash as dvc_hash
+
+    from rlpipe.run import dvc
+
+    results = []
+    for through_rlpipe in (False, True):
+        root = _dvc_project(tmp_path / str(through_rlpipe))
+        (root / "dvc.yaml").write_text(BIG_OUTPUT)
+        hashed = []
+        original = dvc_hash.file_md5
+        monkeypatch.setattr(dvc_hash, "file_md5", lambda path, *a, **k: hashed.append(
+            (os.path.relpath(path, root), threading.current_thread() is threading.main_thread()))
+            or original(path, *a, **k))
+        if through_rlpipe:
+            assert dvc.repro(root) == ["checkpoint"]
+        else:
+            from dvc.repo import Repo
+
+            monkeypatch.chdir(root)
+            with Repo(str(root)) as repo:
+                repo.reproduce()
+        monkeypatch.undo()
+        big = sorted(entry for entry in hashed if entry[0].endswith(".bin"))
+        cached = sorted(str(p.relative_to(root / ".dvc/cache")) for p in (root / ".dvc/cache").rglob("*") if p.is_file())
+        results.append(((root / "dvc.lock").read_text(), cached, big))
+        status = subprocess.run([sys.executable, "-m", "dvc", "status", "--json"], cwd=root, capture_output=True,
+                                text=True, check=True)
+        assert status.stdout.strip() in ("{}", ""), status.stdout
+    (lock_dvc, cache_dvc, big_dvc), (lock_ours, cache_ours, big_ours) = results
+    assert lock_ours == lock_dvc and cache_ours == cache_dvc
+    assert [main for _, main in big_dvc] == [True, True]  # DVC alone: one after the other
+    assert big_ours == [(os.path.join("ck", "master", "low.bin"), False), (os.path.join("ck", "model.bin"), False)]
