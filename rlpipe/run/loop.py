@@ -98,8 +98,7 @@ def sampling_targets(params: Params) -> list[str]:
     return sampled_ahead(params, params.iteration) if generation_has_own_devices(params) else ["advantage"]
 
 
-def _repro(root: Path, iteration: int, until: int, targets: list[str] | None,
-           phases: dict[str, float] | None = None) -> None:
+def _repro(root: Path, iteration: int, until: int, targets: list[str] | None, phases: dict[str, float]) -> None:
     try:
         dvc.repro(root, targets, phases=phases)
     except RlpipeError as e:
