@@ -164,7 +164,7 @@ def test_sampler_log_probs_of_the_adapter_match_the_trainer_to_float_noise(proje
         mismatch(BASE)  # the adapter never reached the sampler: it sampled the base
 
 
-def lora_grads(cfg, d, *, checkpointing: bool, compiled: bool = False, device: str = "cpu"):
+def lora_grads(cfg, d, *, checkpointing: bool, compiled: bool = False, device: str = "cpu", backend="inductor"):
     """The adapter's gradient of one micro-batch loss on ``d`` (old log-probs = ref, so ratios start at 1)."""
     from rlpipe.engines.logprobs import compile_decoder_layers, enable_gradient_checkpointing
     from rlpipe.training.objective import Normalisers, micro_batch_loss
@@ -175,7 +175,7 @@ def lora_grads(cfg, d, *, checkpointing: bool, compiled: bool = False, device: s
     if checkpointing:
         enable_gradient_checkpointing(model)
     if compiled:
-        compile_decoder_layers(model)
+        compile_decoder_layers(model, backend=backend)
     model.eval()
     d.old_logprobs = [x - 0.05 for x in d.ref_logprobs]
     lengths = [len(c) for c in d.completion_token_ids]
@@ -194,6 +194,45 @@ def test_gradient_checkpointing_gives_the_same_adapter_gradients(project):
     assert plain.keys() == checkpointed.keys() and any(g.abs().sum() > 0 for g in plain.values())
     for n in plain:
         torch.testing.assert_close(checkpointed[n], plain[n], atol=1e-6, rtol=1e-5)
+
+
+def test_compiled_lora_layers_hold_one_training_graph_like_full_fine_tuning(project):
+    """Frozen embeddings leave the first layer's input without grad and every other layer's with it.
+    Compiled layers would then hold two training graphs (the extra one compiled for 40-67 s on an H100);
+    they hold one, as in full fine-tuning, and the adapter's gradients equal the eager ones."""
+    from rlpipe.engines.logprobs import compile_decoder_layers
+
+    def graphs_of(compile_model):
+        graphs = []
+        compile_model(lambda gm, example_inputs: graphs.append(gm.code) or gm.forward)
+        torch._dynamo.reset()
+        return graphs
+
+    cfg = lora_config()
+    d = sampled_data(load_model(BASE, device="cpu", dtype="float32"))
+    eager = lora_grads(cfg, d, checkpointing=False)
+    compiled: dict = {}
+    lora_graphs = graphs_of(lambda backend: compiled.update(lora_grads(cfg, d, checkpointing=False, compiled=True,
+                                                                       backend=backend)))
+
+    def full_step(backend):
+        model = load_model(BASE, device="cpu", dtype="float32")
+        compile_decoder_layers(model, backend=backend)
+        lora_grads_free = dataclasses.replace(cfg, lora=config().lora)
+        from rlpipe.training.objective import Normalisers, micro_batch_loss
+        lengths = [len(c) for c in d.completion_token_ids]
+        loss, _ = micro_batch_loss(model, None, d, list(range(len(lengths))), lora_grads_free, temperature=1.0,
+                                   pad_token_id=0, norm_for=lambda mask: Normalisers(sum(lengths), len(lengths), 5))
+        loss.backward()
+
+    full_graphs = graphs_of(full_step)
+    lora_layer_graphs = [g for g in lora_graphs if "lora_A" in g]
+    full_layer_graphs = [g for g in full_graphs if "_proj_" in g]
+    assert len(full_layer_graphs) >= 1 and len(lora_layer_graphs) == len(full_layer_graphs)  # 5 against 3 without the hook
+    assert len(lora_graphs) == len(full_graphs)
+    assert compiled.keys() == eager.keys()
+    for n in eager:
+        torch.testing.assert_close(compiled[n], eager[n], atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.gpu
