@@ -54,6 +54,9 @@ SHAPES = {  # Qwen2.5 shapes as Llama configs (a Llama-type model keeps its own 
     "check": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "intermediate_size": 128},  # to check the script itself on a CPU (--device cpu)
 }
+# Train's tokens per micro-batch: 32768 holds the 0.5B shape's activations easily; the 1.5B shape's ran out
+# of an 80 GB H100 at 32768 (75 GiB allocated, 2026-11-28), and 16384 is its fastest setting in BENCHMARKS.md.
+TRAIN_TOKENS_PER_MICRO_BATCH = {"0.5b": 32768, "1.5b": 16384, "check": 32768}
 VOCAB = 151_936
 EOS, PAD = 151_645, 151_643
 STAGES = ("generate", "score", "reference_logprob", "values", "advantage", "train", "evaluate")
@@ -97,7 +100,8 @@ def merge(base: dict, over: dict) -> dict:
     return base
 
 
-def gpu_params(model: str, prompts: int, group: int, new_tokens: int, prompt_words: int, vllm_memory: float) -> dict:
+def gpu_params(model: str, prompts: int, group: int, new_tokens: int, prompt_words: int, vllm_memory: float,
+               train_tokens: int) -> dict:
     """The GPU settings of docs/your-own-model.md for this workload (GRPO, vLLM, bf16, compiled layers)."""
     return {
         "policy": {"path": model, "latest_path": model}, "reference": {"path": model}, "critic": {"path": model},
@@ -111,7 +115,7 @@ def gpu_params(model: str, prompts: int, group: int, new_tokens: int, prompt_wor
         "reference_logprob": {"device": "cuda", "dtype": "bfloat16", "max_tokens_per_batch": 65536},
         "values": {"device": "cuda", "dtype": "bfloat16"},
         "train": {"device": "cuda", "dtype": "bfloat16", "minibatch_size": 256, "micro_batch_size": 64,
-                  "max_tokens_per_micro_batch": 32768, "lr": 1.0e-6, "epochs": 2},
+                  "max_tokens_per_micro_batch": train_tokens, "lr": 1.0e-6, "epochs": 2},
         "evaluate": {"engine": "auto", "device": "cuda", "dtype": "bfloat16", "max_new_tokens": new_tokens,
                      "batch_size": 64},
     }
@@ -142,7 +146,7 @@ def setup(work: Path, args) -> None:
         write_prompts(work / "data/train.jsonl", args.prompts, args.prompt_words, seed=1)
         write_prompts(work / "data/eval.jsonl", args.eval_prompts, args.prompt_words, seed=2)
         settings = gpu_params(str(model.relative_to(work)), args.prompts, args.group, args.new_tokens, args.prompt_words,
-                              args.vllm_memory)
+                              args.vllm_memory, TRAIN_TOKENS_PER_MICRO_BATCH[args.shape])
         if args.device == "cpu":
             text = json.dumps(settings).replace('"cuda"', '"cpu"')
             if not args.cpu_bf16:
