@@ -98,10 +98,47 @@ def stage_main(stage: str) -> Callable[[Callable[..., None]], Callable[..., None
             except RlpipeError as e:
                 print(f"rlpipe {stage}: error: {e}", file=sys.stderr)
                 raise SystemExit(2) from None
+            except Exception as e:
+                if not _is_out_of_memory(e):
+                    raise
+                print(f"rlpipe {stage}: error: {out_of_memory_message(stage, e)}", file=sys.stderr)
+                raise SystemExit(2) from None
 
         return inner
 
     return wrap
+
+
+# What to lower when a stage runs out of GPU memory: the settings that size its batches.
+OUT_OF_MEMORY_SETTINGS = {
+    "generate": "generate.batch_size (HF engine) or generate.vllm.gpu_memory_utilization (vLLM)",
+    "evaluate": "evaluate.batch_size (HF engine) or generate.vllm.gpu_memory_utilization (vLLM)",
+    "score": "max_tokens_per_batch in the options of a reward_model reward (score.rewards)",
+    "reference_logprob": "reference_logprob.max_tokens_per_batch",
+    "values": "values.max_tokens_per_batch",
+    "train": "train.max_tokens_per_micro_batch or train.micro_batch_size, or set train.gradient_checkpointing: "
+             "true (activations recomputed in backward); under torchrun, FSDP2 shards the model state over the GPUs",
+    "train_reward_model": "reward_model.batch_size",
+}
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    """torch's out-of-memory error, without importing torch in a stage that never did."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(error, torch.OutOfMemoryError)
+
+
+def out_of_memory_message(stage: str, error: BaseException) -> str:
+    """torch's first line (what was asked, what is free, which other processes hold memory) and the settings to lower.
+
+    Why: torch's message names allocator flags, not the stage's batch sizes, and a user's own model on
+    a smaller card meets it first in train (the 1.5B shape at 32,768 tokens per micro-batch on an 80 GB H100).
+    """
+    first = str(error).strip().split("\n")[0]
+    first = first.split(". Including non-PyTorch memory")[0].rstrip(".")
+    settings = OUT_OF_MEMORY_SETTINGS.get(stage, "the stage's batch size")
+    return (f"out of GPU memory: {first}. Lower {settings}; a sleeping generation engine on the same GPU "
+            f"(worker.engine_server) holds some memory too")
 
 
 def summary_line(stage: str, **fields: Any) -> None:
