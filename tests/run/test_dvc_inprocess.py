@@ -298,3 +298,93 @@ def test_a_stages_large_output_files_are_hashed_at_once_and_the_lock_is_dvcs_own
     assert lock_ours == lock_dvc and cache_ours == cache_dvc
     assert [main for _, main in big_dvc] == [True, True]  # DVC alone: one after the other
     assert big_ours == [(os.path.join("ck", "master", "low.bin"), False), (os.path.join("ck", "model.bin"), False)]
+
+
+def _lock_writes(tmp_path, name, edits, *, by_stage):
+    """dvc.lock's bytes after each of ``edits`` (functions of the lock data), as DVC writes it after a stage:
+    alone, or as `rlpipe run` has it (read by the C loader, emitted a stage at a time)."""
+    from dvc.utils.serialize import dump_yaml, modify_yaml
+
+    from rlpipe.run.dvc import _lockfile_emitted_a_stage_at_a_time
+
+    lock = tmp_path / name / "dvc.lock"
+    lock.parent.mkdir()
+    dump_yaml(str(lock), LOCK)
+    written = []
+    for edit in edits:
+        with (_lockfile_read_by_the_c_loader() if by_stage else nullcontext(),
+              _lockfile_emitted_a_stage_at_a_time() if by_stage else nullcontext()):
+            with modify_yaml(str(lock)) as data:
+                edit(data)
+        written.append(lock.read_bytes())
+    return written
+
+
+def _stage(name, n):
+    return {"cmd": f"python stages/{name}.py --params params.yaml --rollouts artifacts/generate/rollouts.parquet "
+                   f"--out artifacts/{name}/{name}.parquet --metrics metrics/{name}.json",
+            "deps": [{"path": f"artifacts/{name}/in_{i}.parquet", "hash": "md5", "md5": f"{i:032x}", "size": i * 7}
+                     for i in range(n)],
+            "params": {"params.yaml": {f"{name}.lr": 1e-06, f"{name}.eps": 0.2, f"{name}.on": True,
+                                       f"{name}.none": None, f"{name}.text": "a: b # not a comment",
+                                       f"{name}.unicode": "\u00e9t\u00e9", f"{name}.list": [1, 2.5, "x"]}},
+            "outs": [{"path": f"artifacts/{name}", "hash": "md5", "md5": f"{n:032x}.dir", "size": 5, "nfiles": 1}]}
+
+
+def test_a_lock_emitted_a_stage_at_a_time_has_dvcs_bytes_after_every_write(tmp_path):
+    """Added stages, a changed entry, a removed one, a changed schema: the same file as DVC's whole emission."""
+    def add(name, n):
+        return lambda data: data["stages"].__setitem__(name, _stage(name, n))
+
+    def change(data):
+        data["stages"]["score"]["params"]["params.yaml"]["score.lr"] = 3e-05
+
+    edits = [add("score", 2), add("reference", 3), add("train", 4), change,
+             lambda data: data["stages"].pop("reference"), lambda data: data.__setitem__("schema", "2.1")]
+    from rlpipe.run.dvc import _LOCK_PIECES
+
+    dvc_alone = _lock_writes(tmp_path, "dvc", edits, by_stage=False)
+    _LOCK_PIECES.clear()
+    by_stage = _lock_writes(tmp_path, "rlpipe", edits, by_stage=True)
+    assert by_stage == dvc_alone
+    assert sorted(name for name, _ in _LOCK_PIECES) == ["generate", "score", "train"]  # pieces, not a fallback
+    assert b"score.lr: 3e-05" in by_stage[3] and b"reference:" not in by_stage[4] and b"schema: '2.1'" in by_stage[5]
+
+
+def test_only_changed_entries_are_emitted_again(tmp_path, monkeypatch):
+    from dvc.utils.serialize import _yaml
+
+    from rlpipe.run.dvc import _LOCK_PIECES
+
+    _LOCK_PIECES.clear()
+
+    emitted = []
+    original = _yaml._dump
+    monkeypatch.setattr(_yaml, "_dump", lambda data, stream: emitted.append(list(data.get("stages") or data))
+                        or original(data, stream))
+
+    def touch_train(data):
+        data["stages"]["train"] = _stage("train", 5)
+
+    _lock_writes(tmp_path, "p", [lambda data: data["stages"].update(score=_stage("score", 1)), touch_train,
+                                 touch_train], by_stage=True)
+    # DVC's first dump; the first patched write emits every entry; the next ones the schema line and the
+    # new train entry, and the last (train unchanged) the schema line alone
+    assert emitted == [["generate"], ["schema"], ["generate"], ["score"], ["schema"], ["train"], ["schema"]]
+
+
+def test_data_a_piece_could_render_differently_is_emitted_whole(tmp_path):
+    """An object shared between entries (DVC's emitter writes an anchor and an alias) and integer keys."""
+    shared = {"path": "same", "hash": "md5", "md5": "0" * 32}
+
+    def share(data):
+        data["stages"]["a"] = {"cmd": "x", "deps": [shared]}
+        data["stages"]["b"] = {"cmd": "y", "deps": [shared]}
+
+    def int_keys(data):
+        data["stages"]["c"] = {"cmd": "z", "params": {"params.yaml": {1: "one", "1": "string one"}}}
+
+    edits = [share, int_keys]
+    dvc_alone = _lock_writes(tmp_path, "dvc", edits, by_stage=False)
+    assert b"&id001" in dvc_alone[0]
+    assert _lock_writes(tmp_path, "rlpipe", edits, by_stage=True) == dvc_alone
