@@ -71,11 +71,21 @@ def build_model(path: Path, shape: str, context: int) -> None:
     config = LlamaConfig(**SHAPES[shape], vocab_size=VOCAB, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
                          tie_word_embeddings=True, bos_token_id=PAD, eos_token_id=EOS, pad_token_id=PAD,
                          max_position_embeddings=context)
-    torch.manual_seed(0)
-    torch.set_default_dtype(torch.bfloat16)
-    model = LlamaForCausalLM(config)
-    torch.set_default_dtype(torch.float32)
+    t0 = time.perf_counter()
+    with torch.device("meta"):  # no transformers init: it took 50-100 s for these shapes on a GPU host's CPU
+        model = LlamaForCausalLM(config)
+    model.to_empty(device="cpu").to(torch.bfloat16)
+    model.tie_weights()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if name.endswith("norm.weight"):
+                weight.fill_(1.0)
+            else:
+                weight.normal_(0.0, config.initializer_range, generator=generator)
+    t1 = time.perf_counter()
     model.save_pretrained(path)
+    print(f"model: random weights {t1 - t0:.1f} s, saved in {time.perf_counter() - t1:.1f} s", flush=True)
     raw = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     raw.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
