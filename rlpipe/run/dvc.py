@@ -8,9 +8,11 @@ behave exactly as with ``dvc repro``.
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import os
 import subprocess
+from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import ExitStack, chdir, contextmanager
 from pathlib import Path
@@ -141,9 +143,6 @@ _LOCK_PIECES: dict[tuple[str, str], str] = {}  # (stage name, its entry as JSON)
 def _emit_lock_by_stage(data: Any, stream: Any, dump: Callable[[Any, Any], Any]) -> bool:
     """Write ``data`` (a lock document: schema, then stages) to ``stream`` from per-stage pieces; False
     (nothing written) for data of another shape, which the caller then emits whole."""
-    import io
-    from collections import OrderedDict
-
     if (not isinstance(data, dict) or list(data) != ["schema", "stages"] or not isinstance(data["schema"], str)
             or type(data["stages"]) not in (dict, OrderedDict) or not data["stages"]):
         return False
@@ -320,18 +319,17 @@ def _dvc_phases(phases: dict[str, float] | None):
                 phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0
         return wrapper
 
-    stack = ExitStack()
-    for name, module_name, attribute in DVC_PHASES:
-        stack.enter_context(_replaced(module_name, attribute,
-                                      lambda fn, name=name: timed(name, fn) if callable(fn) else None))
-    before = dict(phases)
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        stack.close()
-        timed_total = sum(phases.get(name, 0.0) - before.get(name, 0.0) for name in {p[0] for p in DVC_PHASES})
-        phases["dvc_other"] = phases.get("dvc_other", 0.0) + max(0.0, time.perf_counter() - t0 - timed_total)
+    with ExitStack() as stack:  # each wrapped function restored on the way out, also when entering fails midway
+        for name, module_name, attribute in DVC_PHASES:
+            stack.enter_context(_replaced(module_name, attribute,
+                                          lambda fn, name=name: timed(name, fn) if callable(fn) else None))
+        before = dict(phases)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            timed_total = sum(phases.get(name, 0.0) - before.get(name, 0.0) for name in {p[0] for p in DVC_PHASES})
+            phases["dvc_other"] = phases.get("dvc_other", 0.0) + max(0.0, time.perf_counter() - t0 - timed_total)
 
 
 def repro(root: str | os.PathLike, targets: list[str] | None = None, *,

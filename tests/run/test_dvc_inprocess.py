@@ -30,7 +30,7 @@ def test_lock_updates_through_the_c_loader_write_the_same_bytes(tmp_path):
         lock = tmp_path / str(patched) / "dvc.lock"
         lock.parent.mkdir()
         dump_yaml(str(lock), LOCK)
-        with (_lockfile_read_by_the_c_loader() if patched else _nothing()):
+        with (_lockfile_read_by_the_c_loader() if patched else nullcontext()):
             with modify_yaml(str(lock)) as data:  # what DVC does after each stage
                 data["stages"]["score"] = {"cmd": "python stages/score.py", "deps": [], "outs": []}
                 data["stages"]["generate"]["params"]["params.yaml"]["iteration"] = 4
@@ -48,14 +48,6 @@ def test_the_c_loader_is_used_for_lock_files_only(tmp_path):
     assert hasattr(kept, "ca")  # round-trip (comment-keeping) data for params.yaml
     assert type(fast) is dict
     assert _yaml.parse_yaml_for_update.__name__ == "parse_yaml_for_update"  # restored afterwards
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_a_lock_write_cut_short_leaves_the_old_lock_whole(tmp_path):
