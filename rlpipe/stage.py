@@ -28,7 +28,9 @@ for _var, _sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR",
                    ("VLLM_CACHE_ROOT", "vllm")):
     os.environ.setdefault(_var, os.path.abspath(os.path.join(".rlpipe", "cache", _sub)))
 
+import errno  # noqa: E402
 import functools  # noqa: E402
+import shutil  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable, Iterator  # noqa: E402
@@ -88,7 +90,8 @@ def write_metrics(path: str | Path, stage: str, metrics: dict[str, Any], timer: 
 
 
 def stage_main(stage: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Decorate a stage's CLI function: an RlpipeError becomes one clear line on stderr and exit code 2."""
+    """Decorate a stage's CLI function: an RlpipeError, or running out of GPU memory or of disk, becomes one
+    clear line on stderr and exit code 2; any other exception keeps its traceback (a bug to report)."""
 
     def wrap(fn: Callable[..., None]) -> Callable[..., None]:
         @functools.wraps(fn)
@@ -99,9 +102,13 @@ def stage_main(stage: str) -> Callable[[Callable[..., None]], Callable[..., None
                 print(f"rlpipe {stage}: error: {e}", file=sys.stderr)
                 raise SystemExit(2) from None
             except Exception as e:
-                if not _is_out_of_memory(e):
+                if _is_out_of_memory(e):
+                    message = out_of_memory_message(stage, e)
+                elif (cause := out_of_disk_cause(e)) is not None:
+                    message = out_of_disk_message(cause)
+                else:
                     raise
-                print(f"rlpipe {stage}: error: {out_of_memory_message(stage, e)}", file=sys.stderr)
+                print(f"rlpipe {stage}: error: {message}", file=sys.stderr)
                 raise SystemExit(2) from None
 
         return inner
@@ -139,6 +146,45 @@ def out_of_memory_message(stage: str, error: BaseException) -> str:
     settings = OUT_OF_MEMORY_SETTINGS.get(stage, "the stage's batch size")
     return (f"out of GPU memory: {first}. Lower {settings}; a sleeping generation engine on the same GPU "
             f"(worker.engine_server) holds some memory too")
+
+
+# How a full disk reads once a library has wrapped the OS error: Rust's io::Error (safetensors, polars)
+# keeps the OS text; torch's file writer keeps none of it, only where its C++ writer stopped.
+_OUT_OF_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_OUT_OF_DISK_TEXTS = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122")
+_TORCH_WRITER_TEXTS = ("PytorchStreamWriter failed", "inline_container.cc")
+
+
+def out_of_disk_cause(error: BaseException) -> str | None:
+    """The first line of the error in ``error``'s chain that says the disk is full, else None.
+
+    Why: writing a checkpoint or a table onto a full disk surfaces as pyarrow's OSError, a polars
+    ComputeError, a SafetensorError or torch's bare "unexpected pos", several frames deep; a user
+    needs to read "out of disk" once, not recognise each library's wording.
+    """
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        first = str(link).strip().split("\n")[0]
+        if isinstance(link, OSError) and link.errno in _OUT_OF_DISK_ERRNOS:
+            return first
+        if any(text in first for text in _OUT_OF_DISK_TEXTS):
+            return first
+        if isinstance(link, RuntimeError) and any(text in first for text in _TORCH_WRITER_TEXTS):
+            return f"torch could not write a file ({first}); the usual cause is a full disk"
+        link = link.__cause__ or link.__context__
+    return None
+
+
+def out_of_disk_message(cause: str) -> str:
+    """The error, that the unfinished output is gone, the room left now, and what takes the room in a project."""
+    free = shutil.disk_usage(os.getcwd()).free
+    room = f"{free / 2**30:.1f} GiB" if free >= 2**30 else f"{free / 2**20:.1f} MiB"
+    return (f"out of disk space: {cause}. The stage's unfinished output was removed (outputs are written to a "
+            f"temp file, then renamed); {room} are free now on the disk of {os.getcwd()}. Each "
+            f"iteration's checkpoints stay in DVC's cache: prune old ones with iterate.keep_checkpoints or "
+            f"`rlpipe gc --keep K` (docs/multi-machine.md), then rerun")
 
 
 def summary_line(stage: str, **fields: Any) -> None:
