@@ -178,11 +178,18 @@ except SystemExit as e:
 """
 
 
+MOUNT_SMALL_DISK = 'mount -t tmpfs -o size=256k tmpfs "$1" && cd "$1" && exec "$2" -c "$3"'
+
+
 @pytest.fixture(scope="module")
-def small_disk_namespace():
-    probe = subprocess.run(["unshare", "--mount", "--map-root-user", "true"], capture_output=True)
-    if shutil.which("unshare") is None or probe.returncode != 0:
-        pytest.skip(f"no user and mount namespace here to mount a small disk in: {probe.stderr.decode().strip()}")
+def small_disk_namespace(tmp_path_factory):
+    """Skip where no user and mount namespace may mount a tmpfs (a container without the rights)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare (util-linux) to mount a small disk with")
+    probe = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c", MOUNT_SMALL_DISK, "sh",
+                            str(tmp_path_factory.mktemp("probe")), sys.executable, "pass"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a small disk in a user and mount namespace here: {probe.stderr.decode().strip()}")
 
 
 @pytest.mark.parametrize("writer", sorted(WRITERS))
@@ -190,8 +197,7 @@ def test_a_stage_writing_onto_a_full_disk_leaves_nothing_and_says_so(writer, sma
     disk = tmp_path / "disk"
     disk.mkdir()
     script = STAGE.format(body=textwrap.indent(textwrap.dedent(WRITERS[writer]), "    "))
-    shell = 'mount -t tmpfs -o size=256k tmpfs "$1" && cd "$1" && exec "$2" -c "$3"'
-    run = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c", shell, "sh", str(disk),
+    run = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c", MOUNT_SMALL_DISK, "sh", str(disk),
                           sys.executable, script], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert run.returncode == 2, run.stderr
