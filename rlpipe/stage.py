@@ -135,14 +135,18 @@ def _is_out_of_memory(error: BaseException) -> bool:
     return torch is not None and isinstance(error, torch.OutOfMemoryError)
 
 
+def _first_line(error: BaseException) -> str:
+    """An error's message up to its first line break: torch's and the Rust libraries' go on for lines."""
+    return str(error).strip().split("\n")[0]
+
+
 def out_of_memory_message(stage: str, error: BaseException) -> str:
     """torch's first line (what was asked, what is free, which other processes hold memory) and the settings to lower.
 
     Why: torch's message names allocator flags, not the stage's batch sizes, and a user's own model on
     a smaller card meets it first in train (the 1.5B shape at 32,768 tokens per micro-batch on an 80 GB H100).
     """
-    first = str(error).strip().split("\n")[0]
-    first = first.split(". Including non-PyTorch memory")[0].rstrip(".")
+    first = _first_line(error).split(". Including non-PyTorch memory")[0].rstrip(".")
     settings = OUT_OF_MEMORY_SETTINGS.get(stage, "the stage's batch size")
     return (f"out of GPU memory: {first}. Lower {settings}; a sleeping generation engine on the same GPU "
             f"(worker.engine_server) holds some memory too")
@@ -166,7 +170,7 @@ def out_of_disk_cause(error: BaseException) -> str | None:
     link: BaseException | None = error
     while link is not None and id(link) not in seen:
         seen.add(id(link))
-        first = str(link).strip().split("\n")[0]
+        first = _first_line(link)
         if isinstance(link, OSError) and link.errno in _OUT_OF_DISK_ERRNOS:
             return first
         if any(text in first for text in _OUT_OF_DISK_TEXTS):
@@ -179,10 +183,11 @@ def out_of_disk_cause(error: BaseException) -> str | None:
 
 def out_of_disk_message(cause: str) -> str:
     """The error, that the unfinished output is gone, the room left now, and what takes the room in a project."""
-    free = shutil.disk_usage(os.getcwd()).free
+    project = os.getcwd()  # stages run from the project root, and write their outputs under it
+    free = shutil.disk_usage(project).free
     room = f"{free / 2**30:.1f} GiB" if free >= 2**30 else f"{free / 2**20:.1f} MiB"
     return (f"out of disk space: {cause}. The stage's unfinished output was removed (outputs are written to a "
-            f"temp file, then renamed); {room} are free now on the disk of {os.getcwd()}. Each "
+            f"temp file, then renamed); {room} are free now on the disk of {project}. Each "
             f"iteration's checkpoints stay in DVC's cache: prune old ones with iterate.keep_checkpoints or "
             f"`rlpipe gc --keep K` (docs/multi-machine.md), then rerun")
 
