@@ -102,7 +102,7 @@ def main() -> None:
     data = synthetic(model.config.vocab_size, args.sequences, tiny=args.tiny)
     cfg = train_config(device, args.epochs, args.minibatch, args.micro_batch)
     if args.lora_rank:  # as the train stage does: PEFT injects the adapter, the loop trains the causal LM inside
-        from rlpipe.lora.peft_model import wrap_for_training
+        from rlpipe.models.lora.peft_model import wrap_for_training
 
         cfg = dataclasses.replace(cfg, lr=1e-5, lora=dataclasses.replace(cfg.lora, rank=args.lora_rank))
         model = wrap_for_training(model, cfg.lora).get_base_model()

@@ -26,7 +26,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rlpipe.commands import stage_commands  # noqa: E402
+from rlpipe.run.commands import stage_commands  # noqa: E402
 
 SHRINK = {"prepare": {"tiny": {"num_train": 400, "num_eval": 64, "warmstart_steps": 200, "num_preference_pairs": 400}},
           "generate": {"prompts_per_iteration": 64, "group_size": 8}}

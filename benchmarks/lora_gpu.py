@@ -29,7 +29,7 @@ import torch  # noqa: E402
 import gpu_throughput as gt  # noqa: E402  (puts this checkout's rlpipe on the path)
 from rlpipe.config import LoraConfig  # noqa: E402
 from rlpipe.engines.logprobs import compile_decoder_layers  # noqa: E402
-from rlpipe.lora.peft_model import wrap_for_training  # noqa: E402
+from rlpipe.models.lora.peft_model import wrap_for_training  # noqa: E402
 
 
 def lora_config(rank: int) -> LoraConfig:

@@ -41,7 +41,7 @@ def sh(cmd: list[str], cwd: Path) -> str:
 
 def clone(dest: Path, prepared: Path | None, seed: int) -> Path:
     """A fresh clone at this repository's HEAD with params `seed` set and, if given, the warm start copied in."""
-    from rlpipe.iterate import set_params
+    from rlpipe.run.iterate import set_params
 
     if dest.exists():
         shutil.rmtree(dest)
@@ -53,8 +53,8 @@ def clone(dest: Path, prepared: Path | None, seed: int) -> Path:
             src, out = prepared / rel, dest / rel
             out.parent.mkdir(parents=True, exist_ok=True)
             (shutil.copytree if src.is_dir() else shutil.copyfile)(src, out)
-        from rlpipe.headline import headline, headline_path
-        from rlpipe.io import read_json, write_json
+        from rlpipe.stages.headline import headline, headline_path
+        from rlpipe.data.io import read_json, write_json
 
         short = dest / headline_path(PREPARED[1])  # written again: a warm start may predate the headline files
         short.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 Usage (from the repo root, in the project's environment; about 2 minutes on an idle 2-core box):
     python benchmarks/sandbox_throughput.py [--rows 120] [--repeats 3] [--calls 20] [--out FILE.json]
 
-Rows/s: `rlpipe.scoring.score_rows` over N identical rows with one `code_tests` reward (binary
+Rows/s: `rlpipe.stages.score.score_rows` over N identical rows with one `code_tests` reward (binary
 reward, so every case of a passing row runs), for score.workers = 1 and 2, median of --repeats runs.
 Four programs, each correct:
   stdin trivial    read two ints, print their sum; 1 test case
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from rlpipe.config import RewardEntry, ScoreConfig  # noqa: E402
 from rlpipe.rewards.code import SandboxLimits, host_isolation, parse_tests, run_code_tests  # noqa: E402
-from rlpipe.scoring import score_rows  # noqa: E402
+from rlpipe.stages.score import score_rows  # noqa: E402
 
 OPTIONS = {"tests_key": "tests", "timeout_s": 10.0, "cpu_time_s": 10, "memory_mb": 512, "max_processes": 64,
            "max_open_files": 64, "max_file_mb": 8, "work_dir_mb": 32, "max_output_bytes": 1_000_000,

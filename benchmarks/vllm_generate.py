@@ -74,9 +74,9 @@ def main() -> None:
 
     from rlpipe.engines.base import PromptRequest, SamplingParams, derive_seed
     from rlpipe.engines.vllm import VLLMEngine, vllm_seed
-    from rlpipe.generate import rollout_frame
-    from rlpipe.io import write_artifact
-    from rlpipe.schema import ROLLOUTS
+    from rlpipe.stages.generate import rollout_frame
+    from rlpipe.data.io import write_artifact
+    from rlpipe.data.schema import ROLLOUTS
 
     work = Path(tempfile.mkdtemp(prefix="vllm_bench_"))
     max_len = args.prompt_len + args.max_new_tokens + 16

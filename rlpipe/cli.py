@@ -87,7 +87,7 @@ def iterate(params: str = typer.Option("params.yaml", help="params file"),
                                                   help="record the workspace even when it holds an experiment "
                                                        "applied with `dvc exp apply`")) -> None:
     """Finish the current iteration and make the trained policy the next iteration's sampler."""
-    from rlpipe.iterate import advance
+    from rlpipe.run.iterate import advance
 
     try:
         row = advance(".", params_file=params, commit=commit, allow_experiment=allow_experiment)
@@ -132,7 +132,7 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
     that already finished and an interrupted `rlpipe iterate` is completed first.
     """
     from rlpipe.config import load_params
-    from rlpipe.iterate import already_reproduced, finish_interrupted_start
+    from rlpipe.run.iterate import already_reproduced, finish_interrupted_start
     from rlpipe.run.loop import run_iterations
 
     def report(row: dict) -> None:
@@ -249,7 +249,7 @@ def gc(keep: Optional[int] = typer.Option(None, "--keep", min=1,
        dry_run: bool = typer.Option(False, "--dry-run", help="only say what would be removed")) -> None:
     """Drop the checkpoints of all but the last K iterations from the local DVC cache (metrics and tables stay)."""
     from rlpipe.config import load_params
-    from rlpipe.gc import prune_checkpoints
+    from rlpipe.run.gc import prune_checkpoints
 
     try:
         keep = keep or load_params(params).iterate.keep_checkpoints
@@ -275,7 +275,7 @@ def export(checkpoint: str = typer.Argument(..., help="a LoRA checkpoint (adapte
     """Write a LoRA checkpoint merged into its base as a standalone Hugging Face model (for serving)."""
     if not merge:
         _fail(RlpipeError("export writes a merged model only: pass --merge"))
-    from rlpipe.lora.export import export_merged
+    from rlpipe.models.lora.export import export_merged
 
     try:
         info = export_merged(checkpoint, out, base=base, dtype=dtype)
@@ -289,7 +289,7 @@ def export(checkpoint: str = typer.Argument(..., help="a LoRA checkpoint (adapte
 def commands(params: str = typer.Option("params.yaml", help="params file"),
              dvc_yaml: str = typer.Option("dvc.yaml", help="the pipeline file")) -> None:
     """Print every stage's command line with paths from params.yaml (to run the stages without DVC)."""
-    from rlpipe.commands import commands_script
+    from rlpipe.run.commands import commands_script
 
     try:
         typer.echo(commands_script(dvc_yaml, params), nl=False)
@@ -300,8 +300,8 @@ def commands(params: str = typer.Option("params.yaml", help="params file"),
 @app.command()
 def validate(path: str = typer.Argument(..., help="a Parquet file written by an rlpipe stage")) -> None:
     """Check a Parquet file against the schema its footer names; errors name the column."""
-    from rlpipe.io import read_artifact, read_metadata
-    from rlpipe.schema import get_schema
+    from rlpipe.data.io import read_artifact, read_metadata
+    from rlpipe.data.schema import get_schema
 
     try:
         meta = read_metadata(path)
@@ -316,13 +316,13 @@ def validate(path: str = typer.Argument(..., help="a Parquet file written by an 
 @app.command()
 def schema() -> None:
     """Print every artifact's columns (owner stage, dtype, meaning) as Markdown."""
-    from rlpipe.schema import markdown_table
+    from rlpipe.data.schema import markdown_table
 
     typer.echo(markdown_table(), nl=False)
 
 
 def _write_html(path: str, page: str) -> None:
-    from rlpipe.io import atomic_path
+    from rlpipe.data.io import atomic_path
 
     target = Path(path)
     if not target.parent.is_dir():
@@ -384,7 +384,7 @@ def inspect(
                                                              "(exact values on hover, per-token tables)"),
 ) -> None:
     """Join an iteration's artifacts on (prompt_id, sample_idx) and show statistics and colour-coded rollouts."""
-    from rlpipe.inspect import inspect_data
+    from rlpipe.reports.inspect import inspect_data
     from rlpipe.reports.terminal import print_inspect
     from rlpipe.reports.html import inspect_html
 
@@ -404,7 +404,7 @@ def diff(
     html: Optional[str] = typer.Option(None, "--html", help="also write the comparison as a self-contained HTML page"),
 ) -> None:
     """What changed between two iterations: metrics, and held-out prompts that flipped wrong->right and back."""
-    from rlpipe.diff import diff_data
+    from rlpipe.reports.diff import diff_data
     from rlpipe.reports.terminal import print_diff
     from rlpipe.reports.html import diff_html
 

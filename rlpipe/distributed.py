@@ -99,7 +99,7 @@ def score_in_shares(frame: Any, score: Callable[[Any], Any], dist: Dist, *, max_
                     progress: Callable[[int], None] | None = None) -> Any:
     """Data-parallel scoring of a rollout frame: on rank 0 the concatenated results, elsewhere None.
 
-    ``score(sub_frame) -> frame`` is the single-process scorer (e.g. rlpipe.reference's). The rows
+    ``score(sub_frame) -> frame`` is the single-process scorer (e.g. rlpipe.stages.reference_logprob's). The rows
     are cut into the packed token-budget batches that one process would make over the whole frame
     (`token_budget_batches`, longest first), the batches are dealt round-robin, and each batch is
     scored by its own ``score`` call: a sequence then shares its batch, and so its floating-point

@@ -8,7 +8,7 @@ without a bar.
 
 Bars draw on stderr, and only when stderr is a terminal and neither ``CI`` nor
 ``RLPIPE_NO_PROGRESS`` is set: logs of ``dvc repro`` in CI or in a file get the one summary line
-per stage (``rlpipe.stage.summary_line``), never carriage-return noise.
+per stage (``rlpipe.stages.runner.summary_line``), never carriage-return noise.
 """
 from __future__ import annotations
 

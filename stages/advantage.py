@@ -7,16 +7,16 @@
 The reference log-probs are read only by the estimators with the KL in the reward
 (reinforce_plus_plus, gae), the values only by gae; the KL-controller record is always written.
 """
-import rlpipe.stage as stage  # first: starts the stage clock
+import rlpipe.stages.runner as stage  # first: starts the stage clock
 
 import typer
 
-from rlpipe.advantage import check_finite_rewards, compute_advantages, require_critic_values
+from rlpipe.stages.advantage import check_finite_rewards, compute_advantages, require_critic_values
 from rlpipe.rewards.registry import component_column
 from rlpipe.config import load_params
 from rlpipe.errors import ArtifactError
-from rlpipe.io import join_on_keys, read_artifact, write_artifact, write_json
-from rlpipe.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, VALUES
+from rlpipe.data.io import join_on_keys, read_artifact, write_artifact, write_json
+from rlpipe.data.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, VALUES
 
 app = typer.Typer(add_completion=False)
 

@@ -4,18 +4,18 @@ environment of generate.environment when one is set).
     python stages/evaluate.py --params params.yaml --prompts EVAL.parquet --policy CHECKPOINT \
         --out eval_rollouts.parquet --metrics metrics/evaluate.json
 """
-import rlpipe.stage as stage  # first: starts the stage clock
+import rlpipe.stages.runner as stage  # first: starts the stage clock
 
 import sys
 
 import typer
 
 from rlpipe.config import load_params
-from rlpipe.evaluate import evaluate_policy
-from rlpipe.generate import GREEDY_TEMPERATURE, build_engine, check_context, multi_turn_setup, resolve_engine
-from rlpipe.io import read_artifact, write_artifact
-from rlpipe.models import load_tokenizer, model_eos_token_ids, read_model_config, read_policy_version, setup_torch
-from rlpipe.schema import EVAL_ROLLOUTS, PROMPTS
+from rlpipe.stages.evaluate import evaluate_policy
+from rlpipe.stages.generate import GREEDY_TEMPERATURE, build_engine, check_context, multi_turn_setup, resolve_engine
+from rlpipe.data.io import read_artifact, write_artifact
+from rlpipe.models.loading import load_tokenizer, model_eos_token_ids, read_model_config, read_policy_version, setup_torch
+from rlpipe.data.schema import EVAL_ROLLOUTS, PROMPTS
 
 app = typer.Typer(add_completion=False)
 

@@ -7,20 +7,20 @@ With ``generate.environment.name`` set the rollouts are multi-turn (docs/multi-t
 environment answers each model turn, and finished chunks are kept under --resume-root so that a
 killed stage resumes where it was.
 """
-import rlpipe.stage as stage  # first: starts the stage clock
+import rlpipe.stages.runner as stage  # first: starts the stage clock
 
 import typer
 
 from rlpipe.config import load_params
 from rlpipe.errors import ArtifactError
-from rlpipe.generate import (check_context, choose_engine, generate_multi_turn, generate_rollouts, make_engine,
+from rlpipe.stages.generate import (check_context, choose_engine, generate_multi_turn, generate_rollouts, make_engine,
                              multi_turn_setup, rollout_metrics, select_prompts)
-from rlpipe.io import read_artifact, write_artifact
-from rlpipe.models import (load_tokenizer, model_eos_token_ids, read_model_config, read_policy_version,
+from rlpipe.data.io import read_artifact, write_artifact
+from rlpipe.models.loading import (load_tokenizer, model_eos_token_ids, read_model_config, read_policy_version,
                            setup_torch)
 from rlpipe.environments.template import tokenizer_hash
 from rlpipe.progress import stage_progress
-from rlpipe.schema import PROMPTS, ROLLOUTS
+from rlpipe.data.schema import PROMPTS, ROLLOUTS
 
 app = typer.Typer(add_completion=False)
 

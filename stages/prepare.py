@@ -13,16 +13,16 @@ It also writes the reward model's preference table: for the tiny task a syntheti
 the train prompts (rlpipe/tiny/preferences.py); for files, ``prepare.files.preferences`` tokenized
 like the prompts, or an empty table when that key is null.
 """
-import rlpipe.stage as stage  # first: starts the stage clock
+import rlpipe.stages.runner as stage  # first: starts the stage clock
 
 import typer
 
 from rlpipe.config import load_params
 from rlpipe.engines.base import derive_seed
-from rlpipe.io import write_artifact
-from rlpipe.models import load_tokenizer, setup_torch
-from rlpipe.prepare import preference_table, prompt_table, read_preference_rows, read_prompt_rows, use_chat_template
-from rlpipe.schema import PREFERENCES, PROMPTS
+from rlpipe.data.io import write_artifact
+from rlpipe.models.loading import load_tokenizer, setup_torch
+from rlpipe.stages.prepare import preference_table, prompt_table, read_preference_rows, read_prompt_rows, use_chat_template
+from rlpipe.data.schema import PREFERENCES, PROMPTS
 
 app = typer.Typer(add_completion=False)
 

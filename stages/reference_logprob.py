@@ -7,18 +7,18 @@ Data parallel on several GPUs (each rank scores a share of the batches; byte-ide
 
     torchrun --standalone --nproc_per_node 2 stages/reference_logprob.py ...
 """
-import rlpipe.stage as stage  # first: starts the stage clock
+import rlpipe.stages.runner as stage  # first: starts the stage clock
 
 import typer
 
 from rlpipe.config import load_params
 from rlpipe.distributed import finish, score_in_shares, start
 from rlpipe.engines.logprobs import compile_decoder_layers, compile_layers_wanted, compile_seconds
-from rlpipe.io import read_artifact, write_artifact
-from rlpipe.models import load_model, load_tokenizer, setup_torch
+from rlpipe.data.io import read_artifact, write_artifact
+from rlpipe.models.loading import load_model, load_tokenizer, setup_torch
 from rlpipe.progress import stage_progress
-from rlpipe.reference import reference_logprobs, reference_metrics
-from rlpipe.schema import REF_LOGPROBS, ROLLOUTS
+from rlpipe.stages.reference_logprob import reference_logprobs, reference_metrics
+from rlpipe.data.schema import REF_LOGPROBS, ROLLOUTS
 
 app = typer.Typer(add_completion=False)
 

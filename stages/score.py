@@ -3,16 +3,16 @@
     python stages/score.py --params params.yaml --rollouts R.parquet --prompts P.parquet \
         --out scores.parquet --metrics metrics/score.json
 """
-import rlpipe.stage as stage  # first: starts the stage clock
+import rlpipe.stages.runner as stage  # first: starts the stage clock
 
 import typer
 
 from rlpipe.config import load_params
 from rlpipe.errors import ArtifactError
-from rlpipe.io import read_artifact, write_artifact
+from rlpipe.data.io import read_artifact, write_artifact
 from rlpipe.progress import stage_progress
-from rlpipe.schema import PROMPTS, ROLLOUTS, SCORES
-from rlpipe.scoring import score_rows
+from rlpipe.data.schema import PROMPTS, ROLLOUTS, SCORES
+from rlpipe.stages.score import score_rows
 
 app = typer.Typer(add_completion=False)
 

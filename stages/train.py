@@ -13,23 +13,23 @@ On several GPUs (FSDP2; docs/distributed.md), the same arguments:
 
     torchrun --standalone --nproc_per_node 2 stages/train.py --params params.yaml ...
 """
-import rlpipe.stage as stage  # first: starts the stage clock
+import rlpipe.stages.runner as stage  # first: starts the stage clock
 
 import dataclasses
 
 import typer
 
 from rlpipe.config import fine_points, load_params
-from rlpipe.io import read_artifact, write_artifact
-from rlpipe.models import (load_tokenizer, load_trainable_model, read_policy_version, save_checkpoint,
+from rlpipe.data.io import read_artifact, write_artifact
+from rlpipe.models.loading import (load_tokenizer, load_trainable_model, read_policy_version, save_checkpoint,
                            setup_torch, stored_dtype)
-from rlpipe.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS, VALUES
-from rlpipe.critic import load_critic, save_critic
+from rlpipe.data.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS, VALUES
+from rlpipe.stages.values import load_critic, save_critic
 from rlpipe.distributed import finish, start
 from rlpipe.engines.logprobs import (compile_decoder_layers, compile_layers_wanted, compile_seconds,
                                      enable_gradient_checkpointing)
 from rlpipe.errors import ArtifactError, ConfigError
-from rlpipe.lora.adapter import is_adapter_dir
+from rlpipe.models.lora.adapter import is_adapter_dir
 from rlpipe.training.data import check_policy_version, training_data, training_frame
 from rlpipe.progress import stage_progress
 from rlpipe.training.loop import count_optimizer_steps, sampling_truncation, train_policy
@@ -78,7 +78,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         tokenizer = load_tokenizer(policy)
         lora = None
         if cfg.lora.enabled:  # a fresh adapter over the start model, or the adapter it is, continued
-            from rlpipe.lora.peft_model import lora_for_training
+            from rlpipe.models.lora.peft_model import lora_for_training
 
             lora = lora_for_training(policy, cfg.lora, device=cfg.device,
                                      replaced=[p.paths.checkpoint, "state", ".rlpipe"])
@@ -129,7 +129,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         if sharded is not None:
             rebuild = None
             if lora is not None:  # rank 0 saves the adapter of a CPU copy of the PEFT model
-                from rlpipe.lora.peft_model import lora_for_training
+                from rlpipe.models.lora.peft_model import lora_for_training
 
                 rebuild = lambda: lora_for_training(policy, cfg.lora, device="cpu", replaced=[]).peft_model  # noqa: E731
             model, critic_model = gathered_models(sharded, policy, critic, seed=p.seed, rebuild=rebuild)
@@ -141,7 +141,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
             save_dtype, master = "float32", False
         if writes:
             if lora is not None:
-                from rlpipe.lora.peft_model import save_adapter
+                from rlpipe.models.lora.peft_model import save_adapter
 
                 save_adapter(lora.peft_model, checkpoint, policy_version=p.iteration + 1, base_path=lora.base_path,
                              base_hash=lora.base_hash)

@@ -11,20 +11,20 @@ empty preference table, it writes a placeholder directory holding only rlpipe.js
 ``{"kind": "none", "reason": ...}``: the stage succeeds in a fraction of a second, and the
 `reward_model` reward fails with that reason if someone configures it. See docs/reward-model.md.
 """
-import rlpipe.stage as stage  # first: starts the stage clock
+import rlpipe.stages.runner as stage  # first: starts the stage clock
 
 import typer
 
 from rlpipe.config import load_params
 from rlpipe.engines.base import derive_seed
 from rlpipe.errors import ArtifactError
-from rlpipe.io import read_artifact
-from rlpipe.models import load_tokenizer, setup_torch
+from rlpipe.data.io import read_artifact
+from rlpipe.models.loading import load_tokenizer, setup_torch
 from rlpipe.progress import stage_progress
-from rlpipe.reward_model import (HEAD_STREAM, SHUFFLE_STREAM, SPLIT_STREAM, PreferencePairs, count_steps,
+from rlpipe.stages.train_reward_model import (HEAD_STREAM, SHUFFLE_STREAM, SPLIT_STREAM, PreferencePairs, count_steps,
                                  evaluate_pairs, split_pairs, train_bradley_terry, write_placeholder)
-from rlpipe.schema import PREFERENCES
-from rlpipe.value_model import load_scalar_model, save_scalar_model
+from rlpipe.data.schema import PREFERENCES
+from rlpipe.models.value_model import load_scalar_model, save_scalar_model
 
 app = typer.Typer(add_completion=False)
 

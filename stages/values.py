@@ -7,14 +7,14 @@ Only `advantage.estimator: gae` needs a critic. For every other estimator the st
 empty table (no torch, no model) so the DVC graph stays one graph: switching grpo <-> gae re-runs
 this stage, and a GRPO iteration costs it a fraction of a second.
 """
-import rlpipe.stage as stage  # first: starts the stage clock
+import rlpipe.stages.runner as stage  # first: starts the stage clock
 
 import polars as pl
 import typer
 
 from rlpipe.config import load_params
-from rlpipe.io import read_artifact, write_artifact
-from rlpipe.schema import ROLLOUTS, VALUES
+from rlpipe.data.io import read_artifact, write_artifact
+from rlpipe.data.schema import ROLLOUTS, VALUES
 
 app = typer.Typer(add_completion=False)
 
@@ -38,8 +38,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         stage.write_metrics(metrics, "values", {"critic": False, "num_samples": 0}, timer)
         stage.summary_line("values", critic="none", estimator=p.advantage.estimator)
         return
-    from rlpipe.critic import critic_values, values_metrics
-    from rlpipe.models import setup_torch
+    from rlpipe.stages.values import critic_values, values_metrics
+    from rlpipe.models.loading import setup_torch
 
     with timer.phase("compute"):
         setup_torch(p.torch_threads, p.seed)

@@ -1,7 +1,7 @@
 """A DVC project with this repository's dvc.yaml and params.yaml and hand-made plot data, no `dvc repro`.
 
 `dvc plots show` reads only the plot files that dvc.yaml names, so the charts of a real run can be
-drawn in a second: ``ITERATIONS`` rows of plots/iterations.csv (written by rlpipe.history, as
+drawn in a second: ``ITERATIONS`` rows of plots/iterations.csv (written by rlpipe.run.history, as
 `rlpipe iterate` writes it) and ``STEPS`` rows of plots/train_steps.csv (rlpipe.training.report's
 columns). Every chart of dvc.yaml then has data: 9 charts.
 """
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlpipe.history import write_history_csv
+from rlpipe.run.history import write_history_csv
 from rlpipe.training.report import write_steps_csv
 
 REPO = Path(__file__).resolve().parents[1]

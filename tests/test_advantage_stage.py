@@ -5,11 +5,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from rlpipe.advantage import check_finite_rewards, compute_advantages
+from rlpipe.stages.advantage import check_finite_rewards, compute_advantages
 from rlpipe.errors import ArtifactError
 from rlpipe.config import AdvantageConfig, KLInRewardConfig
-from rlpipe.io import validate_frame
-from rlpipe.schema import ADVANTAGES
+from rlpipe.data.io import validate_frame
+from rlpipe.data.schema import ADVANTAGES
 
 
 def cfg(**over):

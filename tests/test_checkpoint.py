@@ -6,8 +6,8 @@ import torch
 from safetensors import safe_open
 
 from rlpipe.errors import ArtifactError
-from rlpipe.master_weights import FORMAT, LOW_BITS_FILE, join, split
-from rlpipe.models import MASTER_DIR, load_trainable_model, save_checkpoint, stored_dtype
+from rlpipe.models.master_weights import FORMAT, LOW_BITS_FILE, join, split
+from rlpipe.models.loading import MASTER_DIR, load_trainable_model, save_checkpoint, stored_dtype
 from rlpipe.tiny.model import build_tiny_llama
 from rlpipe.tiny.tokenizer import build_char_tokenizer
 
@@ -203,7 +203,7 @@ def test_a_bf16_model_loaded_in_float32_equals_transformers_float32_load(tokeniz
     the same weights, buffers, logits, tie and recorded dtype as transformers' own float32 load."""
     from transformers import AutoModelForCausalLM
 
-    from rlpipe.models import _buffers_are_at_least, load_model
+    from rlpipe.models.loading import _buffers_are_at_least, load_model
 
     model = model_of(tokenizer, tied=True) if family == "llama" else gemma3_of(len(tokenizer))
     save_checkpoint(model, tokenizer, tmp_path / "ckpt", policy_version=1, dtype="bfloat16")

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rlpipe.cli import app
-from rlpipe.io import write_artifact
-from rlpipe.schema import METADATA_KEY, REF_LOGPROBS, SCHEMA_VERSION, SCORES
+from rlpipe.data.io import write_artifact
+from rlpipe.data.schema import METADATA_KEY, REF_LOGPROBS, SCHEMA_VERSION, SCORES
 
 runner = CliRunner()
 

@@ -1,4 +1,4 @@
-"""rlpipe.commands: stage command lines from dvc.yaml + params.yaml, and the docs page that lists them."""
+"""rlpipe.run.commands: stage command lines from dvc.yaml + params.yaml, and the docs page that lists them."""
 from __future__ import annotations
 
 import shlex
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpipe.commands import commands_script, format_command, stage_commands
+from rlpipe.run.commands import commands_script, format_command, stage_commands
 from rlpipe.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]

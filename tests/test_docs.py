@@ -4,7 +4,7 @@ from pathlib import Path
 
 import yaml
 
-from rlpipe.schema import markdown_table
+from rlpipe.data.schema import markdown_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -161,7 +161,7 @@ def test_measured_numbers_in_the_docs_come_from_the_results_file():
 def exp_show_columns() -> list[str]:
     """The columns `dvc exp show` prints for this project: params by dotted key, headline metrics by key,
     or as `file:key` where several headline files share the key (DVC's rule)."""
-    from rlpipe.headline import HEADLINE_KEYS
+    from rlpipe.stages.headline import HEADLINE_KEYS
 
     def flat(tree: dict, prefix: str = "") -> list[str]:
         return [k for key, v in tree.items()

@@ -1,8 +1,8 @@
-"""rlpipe.exprs: the --where / --sort parser accepts SQL and restricted polars syntax, and nothing else."""
+"""rlpipe.data.exprs: the --where / --sort parser accepts SQL and restricted polars syntax, and nothing else."""
 import polars as pl
 import pytest
 
-from rlpipe.exprs import ExpressionError, filter_frame, parse_expression, sort_frame
+from rlpipe.data.exprs import ExpressionError, filter_frame, parse_expression, sort_frame
 
 FRAME = pl.DataFrame({"reward": [1.0, -1.0, 0.5], "truncated": [True, False, True], "text": ["a1", "b", "c1"],
                       "lp": [[-1.0, -2.0], [-0.5], [-3.0, -1.0]]})

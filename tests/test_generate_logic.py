@@ -2,9 +2,9 @@
 import polars as pl
 
 from rlpipe.engines.base import Completion, PromptRequest, derive_seed
-from rlpipe.generate import rollout_frame, sample_seed, select_prompts
-from rlpipe.io import validate_frame
-from rlpipe.schema import ROLLOUTS
+from rlpipe.stages.generate import rollout_frame, sample_seed, select_prompts
+from rlpipe.data.io import validate_frame
+from rlpipe.data.schema import ROLLOUTS
 
 
 def prompts(n):

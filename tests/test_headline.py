@@ -1,4 +1,4 @@
-"""The headline metrics (rlpipe/headline.py): what `dvc metrics show` prints, and how dvc.yaml declares it."""
+"""The headline metrics (rlpipe/stages/headline.py): what `dvc metrics show` prints, and how dvc.yaml declares it."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from rlpipe.headline import HEADLINE_KEYS, headline, headline_path
+from rlpipe.stages.headline import HEADLINE_KEYS, headline, headline_path
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,7 +24,7 @@ def test_the_headline_keeps_the_named_numbers_and_the_total_seconds():
 
 
 def test_stage_write_metrics_writes_the_full_file_and_its_headline(tmp_path):
-    from rlpipe.stage import PhaseTimer, write_metrics
+    from rlpipe.stages.runner import PhaseTimer, write_metrics
 
     write_metrics(tmp_path / "m" / "score.json", "score", {"accuracy": 0.25, "reward_mean": -0.0, "errors": 0},
                   PhaseTimer())

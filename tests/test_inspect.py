@@ -1,14 +1,14 @@
-"""rlpipe.inspect on a hand-made iteration (tests/inspect_project.py): every number computed by hand."""
+"""rlpipe.reports.inspect on a hand-made iteration (tests/inspect_project.py): every number computed by hand."""
 import math
 
 import polars as pl
 import pytest
 
-from rlpipe.decode import fallback_pieces
+from rlpipe.data.decode import fallback_pieces
 from rlpipe.errors import ArtifactError
-from rlpipe.inspect import inspect_data, joined_frame, load
-from rlpipe.io import read_artifact, write_artifact
-from rlpipe.schema import EVAL_ROLLOUTS, SCORES
+from rlpipe.reports.inspect import inspect_data, joined_frame, load
+from rlpipe.data.io import read_artifact, write_artifact
+from rlpipe.data.schema import EVAL_ROLLOUTS, SCORES
 from tests.inspect_project import make_project
 
 
@@ -173,7 +173,7 @@ def test_token_level_estimator_says_why_advantage_is_empty(tmp_path):
     """GAE/REINFORCE++ write no sequence advantage: the summary says so and rows show their token mean."""
     import yaml
 
-    from rlpipe.schema import ADVANTAGES
+    from rlpipe.data.schema import ADVANTAGES
 
     root = make_project(tmp_path / "p", with_tokenizer=False)
     params = yaml.safe_load((root / "params.yaml").read_text())

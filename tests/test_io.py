@@ -1,4 +1,4 @@
-"""rlpipe.io: round trips, byte-determinism, every kind of bad input rejected by name, atomic writes.
+"""rlpipe.data.io: round trips, byte-determinism, every kind of bad input rejected by name, atomic writes.
 
 The frames here are written by hand so that each expected value can be read off the test.
 """
@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 from polars.testing import assert_frame_equal
 
-from rlpipe import io
-from rlpipe.generate import single_turn_columns
+from rlpipe.data import io
+from rlpipe.stages.generate import single_turn_columns
 from rlpipe.errors import ArtifactError
-from rlpipe.schema import (
+from rlpipe.data.schema import (
     ADVANTAGES,
     ARTIFACTS,
     EVAL_ROLLOUTS,
@@ -722,9 +722,9 @@ KILLED_WRITER = textwrap.dedent("""
     from pathlib import Path
     import polars as pl
     import pyarrow.parquet as pq
-    from rlpipe.generate import single_turn_columns
-    from rlpipe.io import write_artifact
-    from rlpipe.schema import ROLLOUTS
+    from rlpipe.stages.generate import single_turn_columns
+    from rlpipe.data.io import write_artifact
+    from rlpipe.data.schema import ROLLOUTS
 
     n = 5000
     df = single_turn_columns(pl.DataFrame({
@@ -828,7 +828,7 @@ def test_killed_writer_leftovers_are_cleaned_by_the_next_write(tmp_path):
     target = tmp_path / "out.json"
     child = subprocess.run([sys.executable, "-c", (
         "import os, pathlib\n"
-        "from rlpipe.io import atomic_path\n"
+        "from rlpipe.data.io import atomic_path\n"
         f"with atomic_path({str(target)!r}) as tmp:\n"
         "    tmp.write_text('half')\n"
         "    os.kill(os.getpid(), 9)\n")])

@@ -1,4 +1,4 @@
-"""rlpipe.iterate: how an interrupted `advance` is recognised (the end-to-end resumes are in tests/e2e/test_long_runs.py)."""
+"""rlpipe.run.iterate: how an interrupted `advance` is recognised (the end-to-end resumes are in tests/e2e/test_long_runs.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlpipe.config import load_params
-from rlpipe.iterate import STATE_POLICY, _only_state_changed, handover_started
+from rlpipe.run.iterate import STATE_POLICY, _only_state_changed, handover_started
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 
@@ -62,7 +62,7 @@ def test_a_stale_git_index_lock_is_removed_and_a_held_one_refused(tmp_path, caps
     import subprocess
 
     from rlpipe.errors import RlpipeError
-    from rlpipe.iterate import release_stale_index_lock
+    from rlpipe.run.iterate import release_stale_index_lock
 
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     assert release_stale_index_lock(tmp_path) is False  # none: nothing to do

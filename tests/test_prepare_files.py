@@ -5,7 +5,7 @@ import polars as pl
 import pytest
 
 from rlpipe.config import PromptFilesConfig
-from rlpipe.prepare import read_prompt_rows
+from rlpipe.stages.prepare import read_prompt_rows
 
 
 def files_config(**kw) -> PromptFilesConfig:

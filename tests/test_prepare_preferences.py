@@ -10,9 +10,9 @@ import yaml
 from typer.testing import CliRunner
 
 from rlpipe.errors import ArtifactError
-from rlpipe.io import read_artifact, read_json, write_artifact
-from rlpipe.prepare import preference_table, read_preference_rows
-from rlpipe.schema import PREFERENCES, PROMPTS
+from rlpipe.data.io import read_artifact, read_json, write_artifact
+from rlpipe.stages.prepare import preference_table, read_preference_rows
+from rlpipe.data.schema import PREFERENCES, PROMPTS
 from rlpipe.tiny import TASK_ALPHABET, build_char_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

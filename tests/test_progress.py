@@ -6,7 +6,7 @@ import polars as pl
 
 from rlpipe.config import load_params
 from rlpipe.progress import progress_enabled, stage_progress
-from rlpipe.scoring import score_rows
+from rlpipe.stages.score import score_rows
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
-"""rlpipe.render's colour scale: white is neutral, the sign picks the hue, the legend spans the shown values."""
-from rlpipe.render import (Line, color_scale, diff_numbers, fmt, legend_range_note, legend_stops, percentile, summary_lines,
+"""rlpipe.reports.render's colour scale: white is neutral, the sign picks the hue, the legend spans the shown values."""
+from rlpipe.reports.render import (Line, color_scale, diff_numbers, fmt, legend_range_note, legend_stops, percentile, summary_lines,
                            token_cells, token_color, visible)
 
 
@@ -75,7 +75,7 @@ def test_token_cells_carry_every_value_and_one_colour():
 
 
 def test_judge_uses_each_metrics_direction():
-    from rlpipe.diff import HEADLINES, HIGHER, LOWER, judge
+    from rlpipe.reports.diff import HEADLINES, HIGHER, LOWER, judge
 
     assert judge(0.1, HIGHER) == "better" and judge(-0.1, HIGHER) == "worse"
     assert judge(0.1, LOWER) == "worse" and judge(-0.1, LOWER) == "better"

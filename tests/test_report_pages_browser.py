@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlpipe.cli import app
-from rlpipe.render import NEGATIVE, POSITIVE, _blend
+from rlpipe.reports.render import NEGATIVE, POSITIVE, _blend
 from tests import browser
 from tests.inspect_project import make_project
 

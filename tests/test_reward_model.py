@@ -15,18 +15,18 @@ from typer.testing import CliRunner
 
 from rlpipe.config import RewardEntry, ScoreConfig
 from rlpipe.errors import ArtifactError
-from rlpipe.io import read_json, write_artifact
-from rlpipe.models import save_checkpoint
-from rlpipe.prepare import preference_table
-from rlpipe.reward_model import (PreferencePairs, bradley_terry_loss, evaluate_pairs, pairwise_accuracy,
+from rlpipe.data.io import read_json, write_artifact
+from rlpipe.models.loading import save_checkpoint
+from rlpipe.stages.prepare import preference_table
+from rlpipe.stages.train_reward_model import (PreferencePairs, bradley_terry_loss, evaluate_pairs, pairwise_accuracy,
                                  split_pairs, train_bradley_terry)
 from rlpipe.rewards.functions import Sample
 from rlpipe.rewards.model_reward import reward_model
-from rlpipe.schema import PREFERENCES
-from rlpipe.scoring import score_rows
+from rlpipe.data.schema import PREFERENCES
+from rlpipe.stages.score import score_rows
 from rlpipe.tiny import TASK_ALPHABET, build_char_tokenizer, build_tiny_llama, make_task_rows
 from rlpipe.tiny.preferences import make_preference_rows
-from rlpipe.value_model import batched_scores, load_scalar_model, sequence_scores
+from rlpipe.models.value_model import batched_scores, load_scalar_model, sequence_scores
 from rlpipe.engines.logprobs import make_token_batch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,8 +131,8 @@ def test_training_is_deterministic(lm_dir, prefs):
 @pytest.fixture(scope="module")
 def rm_dir(lm_dir, prefs, tmp_path_factory):
     """A briefly trained reward model, saved as the stage saves it."""
-    from rlpipe.models import load_tokenizer
-    from rlpipe.value_model import save_scalar_model
+    from rlpipe.models.loading import load_tokenizer
+    from rlpipe.models.value_model import save_scalar_model
 
     model = load_scalar_model(lm_dir, seed=3, device="cpu")
     train_bradley_terry(model, PreferencePairs.from_frame(prefs), np.arange(128), epochs=1, seed=4, **TRAIN)
@@ -190,7 +190,7 @@ def score_cfg(path, workers=1):
 
 
 def test_score_rows_with_reward_model_is_byte_identical_for_any_workers(rm_dir, prefs, tmp_path):
-    from rlpipe.schema import SCORES
+    from rlpipe.data.schema import SCORES
 
     rows = rollout_rows(prefs, 20)
     one, m1 = score_rows(rows, score_cfg(rm_dir, workers=1))

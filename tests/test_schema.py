@@ -1,12 +1,12 @@
-"""rlpipe.schema: the contract itself is consistent, and files written under it read back with exactly its dtypes."""
+"""rlpipe.data.schema: the contract itself is consistent, and files written under it read back with exactly its dtypes."""
 from __future__ import annotations
 
 import polars as pl
 import pytest
 
-from rlpipe import io
+from rlpipe.data import io
 from rlpipe.errors import ArtifactError
-from rlpipe.schema import (
+from rlpipe.data.schema import (
     ARTIFACTS,
     ROLLOUTS,
     SCORES,

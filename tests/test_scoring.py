@@ -11,7 +11,7 @@ from rlpipe.rewards.functions import RewardResult
 
 from rlpipe.config import RewardEntry, ScoreConfig
 from rlpipe.errors import ConfigError, ScoringError
-from rlpipe.scoring import score_rows
+from rlpipe.stages.score import score_rows
 
 EXACT = RewardEntry("exact_answer", 1.0, {"answer_prefix": None, "tolerance": 0.0, "case_sensitive": True})
 DIGITS = RewardEntry("digit_match", 0.5, {"answer_prefix": None})
@@ -121,7 +121,7 @@ def test_workers_score_rows_at_the_same_time():
 
 
 def test_a_nan_fallback_reward_is_counted_and_left_out_of_the_metrics():
-    from rlpipe.scoring import score_metrics
+    from rlpipe.stages.score import score_metrics
 
     frame = pl.DataFrame({"reward": [1.0, float("nan"), 0.0], "correct": [True, None, False],
                           "reward_exact_answer": [1.0, None, 0.0]})

@@ -6,7 +6,7 @@ import pytest
 
 from rlpipe.config import RewardEntry
 from rlpipe.errors import ScoringError
-from rlpipe.scoring import score_rows
+from rlpipe.stages.score import score_rows
 from tests.test_scoring import EXACT, cfg, rows
 
 RELEASE = threading.Event()  # set at the end of each test so abandoned threads finish

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors import SafetensorError
 
-from rlpipe.stage import OUT_OF_MEMORY_SETTINGS, stage_main
+from rlpipe.stages.runner import OUT_OF_MEMORY_SETTINGS, stage_main
 
 REPO = Path(__file__).resolve().parents[1]
 # torch's message as an 80 GB H100 printed it for the 1.5B shape's train stage (2026-11-28)
@@ -139,13 +139,13 @@ def test_other_write_errors_keep_their_traceback(error):
 WRITERS = {
     "parquet": """
         import numpy as np, pyarrow as pa, pyarrow.parquet as pq
-        from rlpipe.io import atomic_path
+        from rlpipe.data.io import atomic_path
         with atomic_path("rollouts.parquet") as tmp:
             pq.write_table(pa.table({"x": np.random.default_rng(0).random(200_000)}), tmp)
     """,
     "json": """
         import random
-        from rlpipe.io import write_json
+        from rlpipe.data.io import write_json
         write_json("metrics.json", {"x": [random.Random(0).random() for _ in range(50_000)]})
     """,
     "torch resume state": """
@@ -157,14 +157,14 @@ WRITERS = {
     "safetensors checkpoint": """
         import torch
         from safetensors.torch import save_file
-        from rlpipe.io import atomic_path
+        from rlpipe.data.io import atomic_path
         with atomic_path("model.safetensors") as tmp:
             save_file({"w": torch.randn(200_000, generator=torch.Generator().manual_seed(0))}, str(tmp))
     """,
 }
 STAGE = """
 import json, os, sys
-from rlpipe.stage import stage_main
+from rlpipe.stages.runner import stage_main
 
 @stage_main("train")
 def write():

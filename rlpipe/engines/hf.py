@@ -144,7 +144,7 @@ class HFEngine:
     """Batched sampling from a transformers causal LM, with per-sample seeds.
 
     model_dir: a `save_pretrained` directory (or use `HFEngine.from_model` with a loaded model; a LoRA adapter
-        directory is loaded by `rlpipe.models.load_model`, which the stages use, and passed to `from_model`).
+        directory is loaded by `rlpipe.models.loading.load_model`, which the stages use, and passed to `from_model`).
     device, dtype: where and in which precision the weights live; logits are always cast to float32.
     batch_size: the most sequences in one forward pass (samples of several prompts share a batch).
     eos_token_ids: any of these ends a sample (and is kept as its last token).

@@ -31,7 +31,7 @@ What rlpipe asks of vLLM, and why (checked against vLLM 0.26.0's source):
   in the HF engine. The adapter does not rely on it: the finish reason is read off the last token,
   and an EOS that a vLLM version left out of ``token_ids`` is put back with its log-prob (or the
   request fails loudly), so every per-token list has one entry per completion token.
-- A LoRA policy (an adapter directory, rlpipe/lora) is served unmerged: vLLM loads the base model
+- A LoRA policy (an adapter directory, rlpipe/models/lora) is served unmerged: vLLM loads the base model
   with ``enable_lora`` and ``max_lora_rank`` (the adapter's rank rounded up to a size vLLM compiles
   for) and every request carries a ``LoRARequest`` for the adapter directory. A new adapter gets a new
   integer id (vLLM caches adapters by id, so an id is never reused for other weights). Adapters that
@@ -78,9 +78,9 @@ def vllm_lora_rank(rank: int) -> int:
 def lora_serving(model_dir: str | Path) -> tuple[Path, Path | None, int | None]:
     """(base model dir, adapter dir or None, adapter rank or None) of a policy directory, checked for vLLM.
 
-    The base's content hash is checked against the adapter's record (rlpipe.lora.adapter.checked_base).
+    The base's content hash is checked against the adapter's record (rlpipe.models.lora.adapter.checked_base).
     """
-    from rlpipe.lora.adapter import adapter_config, checked_base, is_adapter_dir
+    from rlpipe.models.lora.adapter import adapter_config, checked_base, is_adapter_dir
 
     if not is_adapter_dir(model_dir):
         return Path(model_dir), None, None

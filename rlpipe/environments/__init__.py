@@ -9,7 +9,7 @@ the chat-template arithmetic that turns an observation into the exact token ids 
 render (`template`), and the driver that runs a whole iteration's rollouts through any
 `rlpipe.engines.base.GenerationEngine` (`driver`), token-exact and deterministic, with tools running
 concurrently. `view` draws a rollout's turns for `rlpipe inspect`. It may import `rlpipe.engines.base`,
-`rlpipe.config`, `rlpipe.io`, `rlpipe.schema` and `rlpipe.errors`; only the python tool reaches into
+`rlpipe.config`, `rlpipe.data.io`, `rlpipe.data.schema` and `rlpipe.errors`; only the python tool reaches into
 `rlpipe.rewards` (the sandbox), lazily. See docs/multi-turn.md.
 """
 from rlpipe.environments.base import (

@@ -47,7 +47,7 @@ from rlpipe.environments.base import Environment, InfrastructureError, Step, Tas
 from rlpipe.environments.template import ChatRenderer
 from rlpipe.errors import ArtifactError, ConfigError
 
-TURN_STREAM, ENVIRONMENT_STREAM = 41, 42  # seed domains (rlpipe.generate: 1, 2; training: 3; tiny: 11-15)
+TURN_STREAM, ENVIRONMENT_STREAM = 41, 42  # seed domains (rlpipe.stages.generate: 1, 2; training: 3; tiny: 11-15)
 
 
 def turn_seed(sample_seed: int, turn: int) -> int:
@@ -364,8 +364,8 @@ class Driver:
         frame = self._frame(chunk.episodes)
         path = self._chunk_path(chunk.index)
         if path is not None:
-            from rlpipe.io import write_artifact
-            from rlpipe.schema import ROLLOUTS
+            from rlpipe.data.io import write_artifact
+            from rlpipe.data.schema import ROLLOUTS
 
             write_artifact(frame.with_columns(pl.lit(-1, dtype=pl.Int64).alias("policy_version")), path, ROLLOUTS)
         return frame
@@ -374,8 +374,8 @@ class Driver:
         path = self._chunk_path(index)
         if path is None or not path.is_file():
             return None
-        from rlpipe.io import read_artifact
-        from rlpipe.schema import ROLLOUTS
+        from rlpipe.data.io import read_artifact
+        from rlpipe.data.schema import ROLLOUTS
 
         frame = read_artifact(path, ROLLOUTS).frame.drop("policy_version")
         if sorted(set(frame["prompt_id"].to_list())) != sorted(prompt_ids) or \

@@ -20,7 +20,7 @@ import yaml
 
 from rlpipe.config import UNSET_OPTION
 from rlpipe.errors import ArtifactError, ConfigError
-from rlpipe.io import read_table_file
+from rlpipe.data.io import read_table_file
 
 TABLE_SUFFIXES = (".parquet", ".jsonl", ".ndjson", ".csv")
 

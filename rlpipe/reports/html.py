@@ -1,6 +1,6 @@
 """`rlpipe inspect --html` / `rlpipe diff --html`: one self-contained page each (inline CSS, no script).
 
-The pages hold the same content as the terminal views (rlpipe.render builds the lines, headers and
+The pages hold the same content as the terminal views (rlpipe.reports.render builds the lines, headers and
 token cells for both) plus what only a page can hold: exact values on hover, a table of every
 per-token value of each shown sample, the artifacts' columns one per line, bars for histograms.
 Nothing is loaded from anywhere: the file opens offline, attached to an issue or copied off a cluster.
@@ -10,9 +10,9 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from rlpipe import render
-from rlpipe.render import fmt
-from rlpipe.turn_view import turn_summary_lines, turns_html
+from rlpipe.reports import render
+from rlpipe.reports.render import fmt
+from rlpipe.reports.turn_view import turn_summary_lines, turns_html
 
 CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em; color: #222;
@@ -166,7 +166,7 @@ def _rows(data: dict[str, Any]) -> str:
             if "tokens" in rec:
                 cells = render.token_cells(rec, column, scale)
                 parts.append(completion_html(cells))
-                parts.append(turns_html(rec))  # multi-turn rollouts: one line per turn (rlpipe/turn_view.py)
+                parts.append(turns_html(rec))  # multi-turn rollouts: one line per turn (rlpipe/reports/turn_view.py)
                 parts.append(per_token_table(rec, cells, open_=first))
                 first = False
             parts.append("</div>")

@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 
 from rlpipe.errors import ArtifactError
-from rlpipe.io import Artifact, read_artifact
-from rlpipe.schema import ArtifactSchema
+from rlpipe.data.io import Artifact, read_artifact
+from rlpipe.data.schema import ArtifactSchema
 
 
 def git(repo: Path, *args: str) -> subprocess.CompletedProcess:
@@ -93,9 +93,9 @@ def read_artifact_at(repo: Path, rev: str, path: str, schema: ArtifactSchema) ->
 def stage_metrics_at(repo: Path, rev: str, metrics_dir: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Every stage's full metrics file at ``rev`` (``{stage: data}``) and notes on any that could not be read.
 
-    Older iterations committed them to git; since the headline split (rlpipe/headline.py) they are DVC
+    Older iterations committed them to git; since the headline split (rlpipe/stages/headline.py) they are DVC
     outputs, found through that revision's dvc.lock and read through DVC like any artifact."""
-    from rlpipe.gc import revision_outs
+    from rlpipe.run.gc import revision_outs
 
     metrics: dict[str, dict[str, Any]] = {}
     listing = git(repo, "ls-tree", "--name-only", f"{rev}:{metrics_dir}")

@@ -1,16 +1,16 @@
 """`rlpipe inspect` / `rlpipe diff` in the terminal, with rich (loaded only when drawing).
 
-Draws the lines, headers and token cells that rlpipe.render builds for both outputs, so the
+Draws the lines, headers and token cells that rlpipe.reports.render builds for both outputs, so the
 terminal and the HTML page (rlpipe.reports.html) show the same things with the same colours.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from rlpipe.render import (BETTER, EXAMPLE_HEADER, FLIP_TABLES, LEGEND_NOTE, WORSE, Line, example_rows, change_word,
+from rlpipe.reports.render import (BETTER, EXAMPLE_HEADER, FLIP_TABLES, LEGEND_NOTE, WORSE, Line, example_rows, change_word,
                            color_scale, diff_numbers, flip_lines, flip_title, fmt, group_header, grouped,
                            legend_range_note, legend_stops, row_header, run_lines, summary_lines, token_cells)
-from rlpipe.turn_view import print_turns, turn_summary_lines
+from rlpipe.reports.turn_view import print_turns, turn_summary_lines
 
 # ----------------------------------------------------------------------------------------------
 
@@ -99,7 +99,7 @@ def _print_rows(console: Any, data: dict[str, Any]) -> None:
             for cell in token_cells(rec, column, scale):
                 line.append(cell.text, style=Style(color="black", bgcolor=cell.colour) if cell.colour else "")
             console.print(line, soft_wrap=True)
-            print_turns(console, rec)  # multi-turn rollouts: one line per turn (rlpipe/turn_view.py)
+            print_turns(console, rec)  # multi-turn rollouts: one line per turn (rlpipe/reports/turn_view.py)
 
 
 def print_diff(console: Any, data: dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """The `reward_model` reward: a trained Bradley-Terry model's score of each completion, in batches.
 
-The model is what the train_reward_model stage writes (rlpipe/reward_model.py): a scalar head on
+The model is what the train_reward_model stage writes (rlpipe/stages/train_reward_model.py): a scalar head on
 a transformer body, read at the last token of prompt + completion. It scores the exact token ids
 the sampler produced (``prompt_token_ids`` + ``completion_token_ids``), never re-tokenized text,
 so it must share the policy's tokenizer (it does when trained from the policy or SFT model).
@@ -17,13 +17,13 @@ from rlpipe.errors import ArtifactError, ConfigError
 from rlpipe.rewards.functions import Sample, batch_reward
 
 PLACEHOLDER_KIND = "none"  # rlpipe.json kind of train_reward_model's output when there was no preference data
-MODEL_KIND = "scalar_head"  # rlpipe.value_model.KIND, repeated here to check a directory without importing torch
+MODEL_KIND = "scalar_head"  # rlpipe.models.value_model.KIND, repeated here to check a directory without importing torch
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
 def check_reward_model_dir(path: str | Path) -> Path:
     """``path`` if it holds a trained reward model, else an ArtifactError saying what is there instead."""
-    from rlpipe.io import CHECKPOINT_INFO  # here, not at the top: `import rlpipe.rewards` stays light
+    from rlpipe.data.io import CHECKPOINT_INFO  # here, not at the top: `import rlpipe.rewards` stays light
 
     p = Path(path)
     info_file = p / CHECKPOINT_INFO
@@ -63,7 +63,7 @@ def reward_model(samples: Sequence[Sample], *, path: str, device: str, dtype: st
         if s.prompt_token_ids is None or s.completion_token_ids is None:
             raise ArtifactError(f"reward_model scores token ids, but row {i} has no prompt_token_ids / "
                                 "completion_token_ids (the rows must come from a rollout table)")
-    from rlpipe.value_model import batched_scores, load_scalar_model
+    from rlpipe.models.value_model import batched_scores, load_scalar_model
 
     model = load_scalar_model(path, seed=0, device=device, dtype=dtype)  # seed unused: the head is loaded
     prompts = [list(s.prompt_token_ids) for s in samples]

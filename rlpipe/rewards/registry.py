@@ -307,7 +307,7 @@ def score_sample_details(
         if is_batch_reward(fns[spec.name]):
             if precomputed is None or spec.name not in precomputed:
                 raise ValueError(f"reward {spec.name!r} scores samples in batches; compute it with batch_values "
-                                 "and pass the row's value as precomputed (rlpipe.scoring.score_rows does)")
+                                 "and pass the row's value as precomputed (rlpipe.stages.score.score_rows does)")
             value = precomputed[spec.name]
             if isinstance(value, Exception):
                 raise value

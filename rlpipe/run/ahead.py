@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from rlpipe.config import Params
-from rlpipe.iterate import STATE_SAMPLER, set_params
+from rlpipe.run.iterate import STATE_SAMPLER, set_params
 from rlpipe.run import policies
 
 AHEAD = ".rlpipe/ahead"

@@ -1,4 +1,4 @@
-"""`rlpipe run`: ``dvc repro`` + `rlpipe.iterate.advance`, iteration after iteration, until a target.
+"""`rlpipe run`: ``dvc repro`` + `rlpipe.run.iterate.advance`, iteration after iteration, until a target.
 
 The target is absolute (params.yaml's ``iteration`` to reach), so the same call after a crash does
 only what is left: ``dvc repro`` skips every stage that finished (their results are in dvc.lock
@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from rlpipe.config import Params, load_params
 from rlpipe.errors import RlpipeError
-from rlpipe.iterate import advance, finish_interrupted_start, handover_started, set_params
+from rlpipe.run.iterate import advance, finish_interrupted_start, handover_started, set_params
 from rlpipe.run import dvc, policies
 
 def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "params.yaml", commit: bool = True,

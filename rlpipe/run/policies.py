@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 
 from rlpipe.errors import RlpipeError
-from rlpipe.io import atomic_path, read_policy_version
-from rlpipe.lora.adapter import is_policy_dir
+from rlpipe.data.io import atomic_path, read_policy_version
+from rlpipe.models.lora.adapter import is_policy_dir
 
 STORE = ".rlpipe/policies"
 
@@ -31,7 +31,7 @@ def sampler_version(iteration: int, max_staleness: int) -> int:
 def link_tree(src: Path, dst: Path) -> None:
     """Replace ``dst`` atomically by a copy of ``src`` made of hard links where the file system allows.
 
-    Safe because no rlpipe step changes a file in place (outputs are replaced by renames, rlpipe.io);
+    Safe because no rlpipe step changes a file in place (outputs are replaced by renames, rlpipe.data.io);
     DVC recognises the linked inodes it already hashed.
     """
     with atomic_path(dst) as tmp:

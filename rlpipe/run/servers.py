@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rlpipe.config import Params, compile_layers_wanted
 from rlpipe.errors import RlpipeError
-from rlpipe.lora.adapter import is_adapter_dir, is_policy_dir, model_dir_of
+from rlpipe.models.lora.adapter import is_adapter_dir, is_policy_dir, model_dir_of
 from rlpipe.run.ahead import generation_has_own_devices
 from rlpipe.worker import lifecycle, wire
 from rlpipe.worker.engine_client import ENV_SERVER as ENGINE_SERVER_ENV
@@ -52,7 +52,7 @@ def stages_compile_layers(params: Params) -> bool:
 def wants_engine_server(params: Params) -> bool:
     setting = params.worker.engine_server
     if setting == "auto":
-        from rlpipe.generate import choose_engine
+        from rlpipe.stages.generate import choose_engine
 
         return choose_engine(params.generate) == "vllm"
     return bool(setting)
@@ -82,7 +82,7 @@ def wants_train_engine(params: Params) -> bool:
 
 
 def engine_server_args(root: Path, params: Params) -> list[str]:
-    from rlpipe.generate import choose_engine
+    from rlpipe.stages.generate import choose_engine
     from rlpipe.worker.engine_client import engine_settings
 
     g = params.generate

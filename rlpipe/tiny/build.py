@@ -6,7 +6,7 @@ from typing import Any
 
 from rlpipe.config import TinyTaskConfig
 from rlpipe.engines.base import derive_seed
-from rlpipe.models import save_checkpoint
+from rlpipe.models.loading import save_checkpoint
 from rlpipe.tiny.model import build_tiny_llama, count_parameters
 from rlpipe.tiny.task import TASK_ALPHABET, make_task_rows, with_carry_bugs
 from rlpipe.tiny.tokenizer import build_char_tokenizer

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlpipe.errors import ConfigError
-from rlpipe.io import atomic_path
+from rlpipe.data.io import atomic_path
 
 STATE_FILE = ".rlpipe/tracking.json"
 DVCLIVE_DIR = "dvclive"  # dvclive/iterations (step = iteration) and dvclive/steps (step = global optimizer step)

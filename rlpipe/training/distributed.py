@@ -31,7 +31,7 @@ but applies its chunked LM head afterwards, outside that forward. Here the root 
 so `fully_shard(each decoder layer)` + `fully_shard(PolicyForward(model))` brackets every use of
 every parameter with FSDP's hooks. Tied embeddings are one parameter in the root's group,
 unsharded for the whole forward and backward (FSDP2 leaves the root unsharded after its forward).
-The PPO critic (`rlpipe.value_model.ScalarHeadModel`) needs no wrapper: its forward already runs
+The PPO critic (`rlpipe.models.value_model.ScalarHeadModel`) needs no wrapper: its forward already runs
 body and head.
 """
 from __future__ import annotations
@@ -245,8 +245,8 @@ def gathered_models(sharded, policy_dir: str, critic_dir: str | None, *, seed: i
     critic_state = sharded.state(sharded.critic)[0] if sharded.critic is not None else None
     if not sharded.dist.is_main:
         return None, None
-    from rlpipe.critic import load_critic
-    from rlpipe.models import load_model
+    from rlpipe.stages.values import load_critic
+    from rlpipe.models.loading import load_model
 
     model = rebuild() if rebuild is not None else load_model(policy_dir, device="cpu", dtype="float32")
     (model.get_base_model() if hasattr(model, "get_base_model") else model).load_state_dict(policy_state)

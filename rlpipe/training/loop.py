@@ -32,7 +32,7 @@ from rlpipe.training.objective import Normalisers, TrainingData, autocast, micro
 # step metrics summarised as means; the last three exist only when their feature is on
 OPTIONAL_STEP_METRICS = ("dual_clip_fraction", "off_policy_masked_fraction", "tis_weight_mean", "tis_capped_fraction",
                          "high_entropy_kept_fraction")
-SHUFFLE_STREAM = 3  # seed domain of the minibatch shuffle (see rlpipe.generate for the others)
+SHUFFLE_STREAM = 3  # seed domain of the minibatch shuffle (see rlpipe.stages.generate for the others)
 
 
 @dataclass
@@ -137,7 +137,7 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
                  truncation: tuple[int, float] | None = None) -> TrainResult:
     """Run cfg.epochs x minibatches of updates in place on ``model`` (and ``critic``); see module docstring.
 
-    ``critic``: a `rlpipe.value_model.ScalarHeadModel` trained alongside the actor (gae), with its
+    ``critic``: a `rlpipe.models.value_model.ScalarHeadModel` trained alongside the actor (gae), with its
     own AdamW (``train.critic.lr``) and gradient clip; ``data`` then carries old values and returns.
     A step whose loss or gradient norm is NaN/inf is skipped (no optimizer step, gradients zeroed)
     and counted; more than ``cfg.max_skipped_steps`` of them raise TrainingError, since then the
@@ -425,7 +425,7 @@ def _optimizer_step(model, critic, optimizers, data, minibatch, cfg, *, temperat
 def _lora_dropouts(model, cfg: TrainConfig) -> list[torch.nn.Module]:
     if not (cfg.lora.enabled and cfg.lora.dropout > 0):
         return []
-    from rlpipe.lora.peft_model import dropout_modules
+    from rlpipe.models.lora.peft_model import dropout_modules
 
     return dropout_modules(model)
 

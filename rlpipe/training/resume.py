@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from rlpipe.io import _remove, atomic_path
+from rlpipe.data.io import _remove, atomic_path
 
 STATE_FILE = "state.pt"
 _TRASH_PREFIX = ".trash-"  # a state being deleted in the background; never matches train-*

@@ -12,12 +12,12 @@ The server's engine settings (engine kind, dtype, vLLM options) are fixed at sta
 a stage whose params ask for other settings is declined and builds its own engine, so a request
 never runs under settings its params do not state.
 
-A LoRA policy (an adapter directory over a base, rlpipe/lora) is part of the fingerprint: the
+A LoRA policy (an adapter directory over a base, rlpipe/models/lora) is part of the fingerprint: the
 adapter's files and its base's. vLLM serves it unmerged: the engine runs the base with LoRA enabled
 (``--max-lora-rank``, from ``train.lora.rank``, so that a LoRA run's engine needs no rebuild when the
 first adapter arrives), and each new adapter gets a new LoRA request. vLLM cannot load a checkpoint's
 plain weight names into its LoRA-wrapped layers, so a LoRA engine never reloads its base: a changed
-base gets a new engine. The hf engine reloads base and adapter through rlpipe.models.load_model.
+base gets a new engine. The hf engine reloads base and adapter through rlpipe.models.loading.load_model.
 
 With ``--sleep`` (vLLM only), the engine frees its GPU memory between requests (vLLM sleep level 2:
 weights and KV cache dropped, CUDA graphs kept) so that train and reference_logprob on the same GPU
@@ -49,7 +49,7 @@ def weights_fingerprint(model_dir: str | os.PathLike) -> tuple:
     Cheap (no hashing of gigabytes): a new checkpoint, a `dvc checkout` or `rlpipe iterate` all
     rewrite the files, so any of them changes the fingerprint and the server reloads.
     """
-    from rlpipe.lora.adapter import base_dir, is_adapter_dir
+    from rlpipe.models.lora.adapter import base_dir, is_adapter_dir
 
     root = Path(model_dir).resolve()
     files = []
@@ -64,7 +64,7 @@ def weights_fingerprint(model_dir: str | os.PathLike) -> tuple:
 
 def architecture(model_dir: str | os.PathLike) -> dict:
     """config.json without the keys a trained checkpoint may change: a different rest needs a new engine."""
-    from rlpipe.lora.adapter import model_dir_of
+    from rlpipe.models.lora.adapter import model_dir_of
 
     config = json.loads((model_dir_of(model_dir) / "config.json").read_text())  # an adapter's: its base's
     for key in ("_name_or_path", "torch_dtype", "dtype", "transformers_version", "architectures"):
@@ -80,7 +80,7 @@ class EngineHost:
     """
 
     def __init__(self, settings: dict, model_dir: str, *, sleep: bool, max_lora_rank: int | None = None) -> None:
-        from rlpipe.models import load_tokenizer, model_eos_token_ids
+        from rlpipe.models.loading import load_tokenizer, model_eos_token_ids
 
         tokenizer = load_tokenizer(model_dir)
         self.settings = {**settings, "eos_token_ids": model_eos_token_ids(model_dir, tokenizer),
@@ -119,7 +119,7 @@ class EngineHost:
             self.base_loaded = weights_fingerprint(base)
         else:
             from rlpipe.engines.hf import HFEngine
-            from rlpipe.models import load_model
+            from rlpipe.models.loading import load_model
 
             model = load_model(model_dir, device=s["device"], dtype=s["dtype"])
             self.engine = HFEngine.from_model(model, batch_size=s["batch_size"], eos_token_ids=s["eos_token_ids"],
@@ -158,7 +158,7 @@ class EngineHost:
 
     def _serves_lora_of(self, model_dir: str) -> bool:
         """vLLM: whether the running engine can take ``model_dir``'s adapter (LoRA on, rank within its maximum)."""
-        from rlpipe.lora.adapter import adapter_config, is_adapter_dir
+        from rlpipe.models.lora.adapter import adapter_config, is_adapter_dir
 
         if self.settings["engine"] != "vllm" or not is_adapter_dir(model_dir):
             return True

@@ -122,7 +122,7 @@ def launch(kind: str, project: str | os.PathLike, args: list[str], *, env: dict[
     module = "rlpipe.worker.engine_server" if kind in ENGINE_KINDS else "rlpipe.worker.stage_server"
     # -P: no working directory on the module path, so `rlpipe` resolves as it does for `python stages/x.py`
     # (whose path starts at stages/), whatever the project directory holds.
-    if kind in ENGINE_KINDS:  # vLLM's compile cache under the project, as the stages set it (rlpipe/stage.py)
+    if kind in ENGINE_KINDS:  # vLLM's compile cache under the project, as the stages set it (rlpipe/stages/runner.py)
         env = dict(os.environ if env is None else env)
         env.setdefault("VLLM_CACHE_ROOT", str(root / ".rlpipe" / "cache" / "vllm"))
     with open(log_path, "ab") as log:

@@ -1,6 +1,6 @@
 """The stage side of the stage server: hand this stage process over to a warm server, or run it here.
 
-Called by ``rlpipe.stage`` before anything heavy is imported. It returns (and the stage runs in
+Called by ``rlpipe.stages.runner`` before anything heavy is imported. It returns (and the stage runs in
 this process, as it always did) unless a stage server for this project is running and accepts
 the stage; then this process only relays signals and exits with the stage's exit code.
 

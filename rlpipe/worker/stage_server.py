@@ -40,7 +40,7 @@ from rlpipe.worker.stage_client import ENV_CHILD, ENV_STARTED_AT
 
 # Read at import time by the libraries the server imports once: a stage that sets them differently
 # must run in its own process.
-# (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE and TOKENIZERS_PARALLELISM are not among them: rlpipe.models
+# (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE and TOKENIZERS_PARALLELISM are not among them: rlpipe.models.loading
 # sets all three in every stage, and the server sets them the same way before importing.)
 IMPORT_TIME_VARS = ("PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "POLARS_MAX_THREADS",
                     "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE")

@@ -76,7 +76,7 @@ def run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedPr
 
 
 def metrics_at(root: Path, rev: str, stage: str) -> dict:
-    """A stage's full metrics file at a revision (a DVC output, rlpipe/headline.py), as `rlpipe diff` reads it."""
+    """A stage's full metrics file at a revision (a DVC output, rlpipe/stages/headline.py), as `rlpipe diff` reads it."""
     from rlpipe.reports.sources import stage_metrics_at
 
     metrics, problems = stage_metrics_at(Path(root), rev, "metrics")

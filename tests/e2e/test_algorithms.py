@@ -10,8 +10,8 @@ import json
 import pytest
 import yaml
 
-from rlpipe.io import read_artifact, read_json
-from rlpipe.schema import ADVANTAGES, VALUES
+from rlpipe.data.io import read_artifact, read_json
+from rlpipe.data.schema import ADVANTAGES, VALUES
 from rlpipe.worker import lifecycle
 from tests.e2e.conftest import edit_params, run, warm_server
 

@@ -16,7 +16,7 @@ import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 import pytest
 
-from rlpipe.schema import SCHEMA_VERSION
+from rlpipe.data.schema import SCHEMA_VERSION
 from tests.e2e.conftest import edit_params
 from tests.e2e.test_stage_errors import invoke, nothing_written, stage_args, with_footer, ws  # noqa: F401
 
@@ -272,8 +272,8 @@ def test_bad_lora_params_are_refused_naming_the_key(ws, updates, needle):  # noq
 def test_an_adapter_over_a_base_with_another_hash_is_refused(ws, stage, option):  # noqa: F811
     """Every stage that loads a policy refuses an adapter whose recorded base hash is not its base's."""
     from rlpipe.config import LoraConfig
-    from rlpipe.lora.peft_model import save_adapter, wrap_for_training
-    from rlpipe.models import load_model
+    from rlpipe.models.lora.peft_model import save_adapter, wrap_for_training
+    from rlpipe.models.loading import load_model
 
     base = ws / "artifacts/prepare/model"
     lora = LoraConfig(rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear", train_lm_head=False,

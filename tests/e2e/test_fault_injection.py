@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlpipe.commands import stage_commands
+from rlpipe.run.commands import stage_commands
 from tests.e2e.conftest import edit_params, env
 from tests.e2e.test_stage_errors import REPO, invoke, nothing_written, stage_args, ws  # noqa: F401 - ws: fixture
 

@@ -15,9 +15,9 @@ import psutil
 import pytest
 import yaml
 
-import rlpipe.iterate
+import rlpipe.run.iterate
 from rlpipe.config import load_params
-from rlpipe.gc import object_path
+from rlpipe.run.gc import object_path
 from tests.e2e.conftest import edit_params, env, metrics_at, run
 from tests.e2e.test_pipeline import ARTIFACTS, ran_stages
 
@@ -176,14 +176,14 @@ def crash_at(monkeypatch, point: str) -> None:
         raise Crash(point)
 
     if point == "after the iteration is tagged":
-        monkeypatch.setattr(rlpipe.iterate, "_replace_dir", boom)
+        monkeypatch.setattr(rlpipe.run.iterate, "_replace_dir", boom)
     elif point == "before `dvc add state/policy`":
-        monkeypatch.setattr(rlpipe.iterate.dvc, "add", lambda root, path, **kw: boom())
+        monkeypatch.setattr(rlpipe.run.iterate.dvc, "add", lambda root, path, **kw: boom())
     elif point == "after the policy is handed over":
-        monkeypatch.setattr(rlpipe.iterate, "set_params", boom)
+        monkeypatch.setattr(rlpipe.run.iterate, "set_params", boom)
     elif point == "after params.yaml is rewritten":
-        real_commit = rlpipe.iterate._commit
-        monkeypatch.setattr(rlpipe.iterate, "_commit", lambda root, message, params, **kw: boom()
+        real_commit = rlpipe.run.iterate._commit
+        monkeypatch.setattr(rlpipe.run.iterate, "_commit", lambda root, message, params, **kw: boom()
                             if message.startswith("rlpipe: start") else real_commit(root, message, params, **kw))
 
 
@@ -196,7 +196,7 @@ def test_interrupted_iterate_is_finished_by_the_next_run(third_reproduced, third
         monkeypatch.setenv(key, value)
     crash_at(monkeypatch, point)
     with pytest.raises(Crash):
-        rlpipe.iterate.advance(root)
+        rlpipe.run.iterate.advance(root)
     monkeypatch.undo()
     assert git(root, "rev-parse", "iteration-2^{commit}") == git(root, "rev-parse", "HEAD")
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rlpipe.io import read_json
+from rlpipe.data.io import read_json
 from tests.e2e.conftest import make_project, metrics_at, run
 from tests.e2e.test_pipeline import ran_stages
 from tests.e2e.test_stage_errors import ws  # noqa: F401  (fixture)
@@ -80,7 +80,7 @@ def test_lora_train_under_fsdp_matches_the_single_process_stage(project_copy, tm
     import torch
     from safetensors.torch import load_file
 
-    from rlpipe.commands import stage_commands
+    from rlpipe.run.commands import stage_commands
     from tests.e2e.conftest import edit_params
 
     edit_params(project_copy / "params.yaml", {"train.lora.rank": 4, "train.lora.alpha": 8.0, "train.lr": 1.0e-3})

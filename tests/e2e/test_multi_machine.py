@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlpipe.config import load_params
-from rlpipe.io import read_metadata
+from rlpipe.data.io import read_metadata
 from tests.e2e.conftest import env, make_project, run
 from tests.e2e.test_pipeline import ARTIFACTS, STAGES, ran_stages
 

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from rlpipe.io import read_artifact
-from rlpipe.schema import PROMPTS, SCORES
+from rlpipe.data.io import read_artifact
+from rlpipe.data.schema import PROMPTS, SCORES
 from tests.e2e.conftest import run
 from tests.e2e.test_pipeline import STAGES, ran_stages
 from tests.newcomer import SMALL_SETTINGS, newcomer_inputs

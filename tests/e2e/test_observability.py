@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from rlpipe.io import read_json
+from rlpipe.data.io import read_json
 from tests.e2e.conftest import run
 from tests.test_docs import doc_test_blocks
 
@@ -77,7 +77,7 @@ def test_metrics_plots_and_diff_after_iterate(project_copy):
     shown = json.loads(run(["dvc", "metrics", "show", "--json"], root).stdout)
     assert len(shown) == 1  # the workspace (its key is "" or "workspace", depending on the DVC version)
     workspace = next(iter(shown.values()))["data"]
-    # the headline only (rlpipe/headline.py): one row per stage, nine columns; the rest stays in metrics/<stage>.json
+    # the headline only (rlpipe/stages/headline.py): one row per stage, nine columns; the rest stays in metrics/<stage>.json
     assert set(workspace) == {f"metrics/headline/{s}.json" for s in STAGES}
     columns = {key for f in workspace.values() for key in f["data"]}
     assert columns == {"accuracy", "reward_mean", "length_mean", "truncation_rate", "zero_variance_fraction",

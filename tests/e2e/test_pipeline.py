@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlpipe.io import read_artifact, read_json
-from rlpipe.schema import (ADVANTAGES, EVAL_ROLLOUTS, PREFERENCES, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES,
+from rlpipe.data.io import read_artifact, read_json
+from rlpipe.data.schema import (ADVANTAGES, EVAL_ROLLOUTS, PREFERENCES, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES,
                            TRAIN_TOKEN_STATS, VALUES)
 from tests.e2e.conftest import edit_params, run
 
@@ -95,7 +95,7 @@ def test_a_bf16_checkpoint_carries_the_exact_float32_weights(project_copy):
     assert sorted(p.name for p in (ckpt / "master").iterdir()) == ["low_bits.safetensors"]
     bf16 = load_file(str(ckpt / "model.safetensors"))
     assert bf16.keys() == float32.keys() and all(t.dtype == torch.bfloat16 for t in bf16.values())
-    from rlpipe.models import load_trainable_model
+    from rlpipe.models.loading import load_trainable_model
 
     exact, loaded_master = load_trainable_model(ckpt, device="cpu")
     assert loaded_master

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from rlpipe.io import read_artifact
-from rlpipe.schema import PROMPTS, SCHEMA_VERSION, SCORES
+from rlpipe.data.io import read_artifact
+from rlpipe.data.schema import PROMPTS, SCHEMA_VERSION, SCORES
 from tests.e2e.conftest import REPO, edit_params
 
 pytestmark = pytest.mark.slow
@@ -154,7 +154,7 @@ def test_score_user_function_errors_are_per_row(ws, monkeypatch):
 
 def test_advantage_rejects_scores_with_other_keys(ws):
     scores = read_artifact(ws / "artifacts/score/scores.parquet", SCORES).frame.slice(1)
-    from rlpipe.io import write_artifact
+    from rlpipe.data.io import write_artifact
 
     write_artifact(scores, ws / "short_scores.parquet", SCORES)
     code, out = invoke("advantage", ["--params", str(ws / "params.yaml"),
@@ -248,7 +248,7 @@ OUTPUT_OPTIONS = {"--out", "--metrics", "--checkpoint", "--token-stats", "--step
 
 def stage_args(ws: Path, stage: str, **replace: str) -> list[str]:
     """The stage's dvc.yaml command line on the copied artifacts, writing under ws/out (options in ``replace`` win)."""
-    from rlpipe.commands import stage_commands
+    from rlpipe.run.commands import stage_commands
 
     words = shlex.split(stage_commands(REPO / "dvc.yaml", ws / "params.yaml")[stage])[2:]  # drop `python stages/x.py`
     def is_output(opt: str) -> bool:  # --preferences: prepare's output, train_reward_model's input

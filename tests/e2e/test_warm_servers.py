@@ -102,7 +102,7 @@ def test_a_stage_with_other_import_time_settings_runs_on_its_own(served):
 def test_the_child_imports_rlpipe_afresh(served):
     """A stage's child does not see the rlpipe modules the server imported to warm up (rlpipe.tiny, say)."""
     probe = served / "stages" / "probe_modules.py"
-    probe.write_text("import rlpipe.stage\nimport sys\n"
+    probe.write_text("import rlpipe.stages.runner\nimport sys\n"
                      "print('tiny' if 'rlpipe.tiny' in sys.modules else 'fresh', 'torch' in sys.modules)\n")
     before = served_count(served)
     proc = subprocess.run([sys.executable, str(probe)], cwd=served, env=env(), capture_output=True, text=True)
@@ -206,8 +206,8 @@ warm_imports(compiler=True)
 threads = len(os.listdir("/proc/self/task"))
 pid = os.fork()
 if pid == 0:  # what a stage's child does first: write and read a Parquet artifact
-    from rlpipe.io import read_artifact, write_artifact
-    from rlpipe.schema import VALUES
+    from rlpipe.data.io import read_artifact, write_artifact
+    from rlpipe.data.schema import VALUES
     before = set(sys.modules)
     write_artifact(pl.DataFrame(schema=VALUES.polars_schema()), sys.argv[1], VALUES, metadata={})
     read_artifact(sys.argv[1], VALUES)

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import yaml
 
-from rlpipe.commands import stage_commands
+from rlpipe.run.commands import stage_commands
 from tests.e2e.conftest import edit_params, run
 from tests.e2e.test_pipeline import ARTIFACTS, STAGES
 

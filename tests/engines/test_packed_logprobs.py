@@ -232,7 +232,7 @@ def test_compile_decoder_layers_keeps_names_and_results():
 def test_reference_stage_logic_packs_and_keeps_order(tiny_model):
     pl = pytest.importorskip("polars")
     from rlpipe.config import ReferenceLogprobConfig
-    from rlpipe.reference import reference_logprobs
+    from rlpipe.stages.reference_logprob import reference_logprobs
 
     prompts, completions = _random_pairs(seed=8, count=7)
     rollouts = pl.DataFrame({"prompt_id": list(range(len(prompts))), "sample_idx": [0] * len(prompts),

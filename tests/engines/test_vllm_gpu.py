@@ -191,8 +191,8 @@ def test_generate_stage_picks_vllm_and_writes_valid_rollouts(tiny, tmp_path):
     pl = pytest.importorskip("polars")
     import yaml
 
-    from rlpipe.io import read_artifact, read_metadata, write_artifact
-    from rlpipe.schema import PROMPTS, ROLLOUTS
+    from rlpipe.data.io import read_artifact, read_metadata, write_artifact
+    from rlpipe.data.schema import PROMPTS, ROLLOUTS
 
     path, tokenizer, _, _ = tiny
     repo = Path(__file__).resolve().parents[2]
@@ -320,8 +320,8 @@ def test_generate_stage_runs_multi_turn_rollouts_with_vllm(tiny, tmp_path):
     pl = pytest.importorskip("polars")
     import yaml
 
-    from rlpipe.io import read_artifact, write_artifact
-    from rlpipe.schema import PROMPTS, ROLLOUTS
+    from rlpipe.data.io import read_artifact, write_artifact
+    from rlpipe.data.schema import PROMPTS, ROLLOUTS
 
     path, tokenizer, _, _ = tiny
     model_dir = tmp_path / "model"

@@ -9,9 +9,9 @@ import polars as pl
 import pytest
 import torch
 
-from rlpipe.advantage import compute_advantages
-from rlpipe.reference import reference_metrics
-from rlpipe.scoring import score_rows
+from rlpipe.stages.advantage import compute_advantages
+from rlpipe.stages.reference_logprob import reference_metrics
+from rlpipe.stages.score import score_rows
 from rlpipe.training.loop import train_policy
 from rlpipe.training.objective import Normalisers, micro_batch_loss
 from tests.test_advantage_stage import cfg as advantage_cfg

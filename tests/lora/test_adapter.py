@@ -1,4 +1,4 @@
-"""rlpipe.lora: an adapter saved in PEFT's format loads over its base through the one loader, equals the
+"""rlpipe.models.lora: an adapter saved in PEFT's format loads over its base through the one loader, equals the
 in-memory PEFT model, refuses a base with another hash and a target module that does not exist."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from rlpipe.errors import ArtifactError, ConfigError
-from rlpipe.lora.adapter import adapter_info, is_adapter_dir, is_policy_dir, model_hash
-from rlpipe.lora.peft_model import merged_model, save_adapter, wrap_for_training
-from rlpipe.models import load_model, load_tokenizer, model_eos_token_ids, read_model_config
+from rlpipe.models.lora.adapter import adapter_info, is_adapter_dir, is_policy_dir, model_hash
+from rlpipe.models.lora.peft_model import merged_model, save_adapter, wrap_for_training
+from rlpipe.models.loading import load_model, load_tokenizer, model_eos_token_ids, read_model_config
 
 from tests.lora.conftest import build_base, lora, perturb_adapter
 
@@ -122,7 +122,7 @@ def test_a_tied_head_needs_both_flags_alike(tmp_path, monkeypatch):
 
 def test_a_scalar_head_model_starts_from_an_adapters_merged_body(project):
     """The PPO critic and the reward model accept an adapter as their start: the body is base + adapter."""
-    from rlpipe.value_model import load_scalar_model
+    from rlpipe.models.value_model import load_scalar_model
 
     peft_model = trained_adapter()
     scalar = load_scalar_model("ckpt", seed=0, device="cpu")

@@ -16,10 +16,10 @@ from rlpipe.engines.base import PromptRequest, SamplingParams, derive_seed
 from rlpipe.engines.hf import HFEngine
 from rlpipe.engines.vllm import vllm_lora_rank
 from rlpipe.errors import ConfigError
-from rlpipe.generate import make_engine
-from rlpipe.lora.adapter import model_hash
-from rlpipe.lora.peft_model import save_adapter, wrap_for_training
-from rlpipe.models import load_model
+from rlpipe.stages.generate import make_engine
+from rlpipe.models.lora.adapter import model_hash
+from rlpipe.models.lora.peft_model import save_adapter, wrap_for_training
+from rlpipe.models.loading import load_model
 from rlpipe.worker.engine_server import EngineHost, weights_fingerprint
 
 from tests.engines.test_vllm_adapter import REPO_PARAMS, FakeLLM, fake_vllm  # noqa: F401  (fixture)

@@ -7,9 +7,9 @@ import torch
 from typer.testing import CliRunner
 
 from rlpipe.cli import app
-from rlpipe.lora.adapter import model_hash
-from rlpipe.lora.peft_model import save_adapter, wrap_for_training
-from rlpipe.models import load_model
+from rlpipe.models.lora.adapter import model_hash
+from rlpipe.models.lora.peft_model import save_adapter, wrap_for_training
+from rlpipe.models.loading import load_model
 
 from tests.lora.conftest import build_base, lora, perturb_adapter
 

@@ -30,8 +30,8 @@ def lora_dirs(tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from rlpipe.config import LoraConfig
-    from rlpipe.lora.adapter import model_hash
-    from rlpipe.lora.peft_model import save_adapter, wrap_for_training
+    from rlpipe.models.lora.adapter import model_hash
+    from rlpipe.models.lora.peft_model import save_adapter, wrap_for_training
 
     root = tmp_path_factory.mktemp("lora_vllm")
     os.chdir(root)  # the adapter's base path is relative to the project root
@@ -52,7 +52,7 @@ def lora_dirs(tmp_path_factory):
 
 
 def _cpu_logprobs(model_dir, prompts, completions):
-    from rlpipe.models import load_model
+    from rlpipe.models.loading import load_model
 
     model = load_model(model_dir, device="cpu", dtype="float32")
     out = []
@@ -67,7 +67,7 @@ def _cpu_logprobs(model_dir, prompts, completions):
 def test_vllm_samples_through_the_adapter(lora_dirs):
     from rlpipe.config import load_params
     from rlpipe.engines.base import PromptRequest, SamplingParams, derive_seed
-    from rlpipe.generate import make_engine
+    from rlpipe.stages.generate import make_engine
 
     root, tokenizer, prompts = lora_dirs
     g = load_params(Path(__file__).resolve().parents[2] / "params.yaml").generate

@@ -10,7 +10,7 @@ from rlpipe.errors import ScoringError
 from rlpipe.rewards import REWARD_FUNCTIONS, is_batch_reward
 from rlpipe.rewards.functions import Sample
 from rlpipe.rewards.registry import RewardSpec, batch_values, prepare_rewards, score_sample_details
-from rlpipe.scoring import score_rows
+from rlpipe.stages.score import score_rows
 from tests.test_scoring import rows  # the same score-stage rows
 
 USER_MODULE = '''
@@ -125,7 +125,7 @@ def test_scoring_without_a_batch_reward_imports_no_torch():
         import sys
         import polars as pl
         from rlpipe.config import RewardEntry, ScoreConfig
-        from rlpipe.scoring import score_rows
+        from rlpipe.stages.score import score_rows
         rows = pl.DataFrame({"prompt_id": [0], "sample_idx": pl.Series([0], dtype=pl.Int32), "prompt": ["q"],
                              "completion_text": ["1"], "answer": ["1"], "metadata": ["{}"],
                              "completion_length": pl.Series([1], dtype=pl.Int32), "truncated": [False]})

@@ -10,7 +10,7 @@ import pytest
 
 from rlpipe.config import RewardEntry, ScoreConfig
 from rlpipe.errors import ConfigError
-from rlpipe.scoring import score_rows
+from rlpipe.stages.score import score_rows
 
 MODULE = '''
 CALLS = []

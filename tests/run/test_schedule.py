@@ -15,7 +15,7 @@ import yaml
 
 from rlpipe.config import load_params
 from rlpipe.errors import ArtifactError, ConfigError, RlpipeError
-from rlpipe.io import Artifact
+from rlpipe.data.io import Artifact
 from rlpipe.run import policies
 from rlpipe.run.ahead import _without_sections, next_sampling_params, prefetchable, sampled_ahead
 from rlpipe.training.data import check_policy_version

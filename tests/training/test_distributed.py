@@ -18,7 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from rlpipe.distributed import Dist, finish, start
 from rlpipe.training.loop import train_policy
 from rlpipe.training.objective import Normalisers, micro_batch_loss
-from rlpipe.value_model import ScalarHeadModel
+from rlpipe.models.value_model import ScalarHeadModel
 from rlpipe.config import LoraConfig
 from tests.training.test_loop import PAD, config, data
 
@@ -79,7 +79,7 @@ def build(options: dict, dist: Dist | None):
 
     model = tiny(tied=options.get("tied", False))
     if options.get("lora"):  # the adapter's A is drawn from the seeded generator: the same on every rank
-        from rlpipe.lora.peft_model import wrap_for_training
+        from rlpipe.models.lora.peft_model import wrap_for_training
 
         peft_model = wrap_for_training(model, LORA)
         with torch.no_grad():  # B = 0 would give A no gradient: start from a non-zero adapter

@@ -8,7 +8,7 @@ import torch
 from rlpipe.training.loop import train_policy
 from rlpipe.algorithms.losses import health_to_host
 from rlpipe.training.objective import Normalisers, micro_batch_loss
-from rlpipe.value_model import ScalarHeadModel
+from rlpipe.models.value_model import ScalarHeadModel
 from tests.training.test_loop import PAD, config, data, flat, tiny_model, trained
 
 

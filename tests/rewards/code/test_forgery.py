@@ -14,7 +14,7 @@ import pytest
 
 from rlpipe.rewards.code import BadTests
 from rlpipe.rewards.functions import RewardResult
-from rlpipe.scoring import score_rows
+from rlpipe.stages.score import score_rows
 from tests.rewards.code.helpers import ADD_IO, ADD_TESTS, raw, score
 from tests.rewards.code.test_reward import code_table, stage_config
 

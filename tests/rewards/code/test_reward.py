@@ -10,7 +10,7 @@ import pytest
 from rlpipe.config import RewardEntry, ScoreConfig
 from rlpipe.rewards.code import BadTests, code_tests, extract_code
 from rlpipe.rewards.functions import RewardResult, Sample
-from rlpipe.scoring import score_rows
+from rlpipe.stages.score import score_rows
 from tests.code_task import PROBLEMS, completion, prompt_rows
 from tests.rewards.code.helpers import ADD_IO, ADD_TESTS, ISOLATION, OPTIONS, score
 
@@ -141,7 +141,7 @@ def test_option_checks(options, needle):
 
 def test_an_old_params_entry_fails_before_any_row_naming_the_new_options():
     from rlpipe.errors import ConfigError
-    from rlpipe.scoring import load_reward_functions
+    from rlpipe.stages.score import load_reward_functions
 
     old = {k: v for k, v in OPTIONS.items() if k not in ("max_open_files", "float_tolerance", "allow_forgeable_tests")}
     cfg = ScoreConfig(rewards=(RewardEntry("code_tests", 1.0, old),), accuracy_reward="code_tests",

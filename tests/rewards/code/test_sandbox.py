@@ -190,7 +190,7 @@ def test_a_setsid_pdeathsig_survivor_with_31_children_is_gone_and_starves_no_lat
 
 
 def test_rows_running_at_once_have_budgets_of_their_own():
-    from rlpipe.scoring import score_rows
+    from rlpipe.stages.score import score_rows
     from tests.rewards.code.test_reward import code_table, stage_config
 
     completions = [SURVIVOR, THREADS] * 4
@@ -525,7 +525,7 @@ def test_after_ready_no_message_can_raise_a_setup_error(monkeypatch, tmp_path):
 
 
 def test_sandbox_failures_are_row_errors_in_the_score_stage(monkeypatch):
-    from rlpipe.scoring import score_rows
+    from rlpipe.stages.score import score_rows
     from tests.rewards.code.test_reward import code_table, stage_config
 
     monkeypatch.setattr(process, "RUNNER", "/nonexistent/runner.py")

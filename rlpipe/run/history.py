@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlpipe.errors import ArtifactError
-from rlpipe.io import atomic_path
+from rlpipe.data.io import atomic_path
 
 HISTORY_CSV = "iterations.csv"  # under paths.plots_dir; dvc.yaml's top-level plots name this file
 

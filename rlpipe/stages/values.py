@@ -1,6 +1,6 @@
 """The PPO critic: loading it for the values stage and the trainer, and what the values stage writes.
 
-The critic is a `rlpipe.value_model.ScalarHeadModel`. In the first PPO iteration ``critic.path``
+The critic is a `rlpipe.models.value_model.ScalarHeadModel`. In the first PPO iteration ``critic.path``
 is a causal-LM directory (usually the policy's start), so the critic gets that body and a fresh
 head; train writes the updated critic, and `rlpipe iterate` points ``critic.path`` at it.
 """
@@ -13,9 +13,9 @@ import numpy as np
 import polars as pl
 
 from rlpipe.config import ValuesConfig
-from rlpipe.io import CHECKPOINT_INFO, atomic_path, read_json
-from rlpipe.models import load_tokenizer
-from rlpipe.value_model import batched_values, is_scalar_model_dir, load_scalar_model, save_scalar_model
+from rlpipe.data.io import CHECKPOINT_INFO, atomic_path, read_json
+from rlpipe.models.loading import load_tokenizer
+from rlpipe.models.value_model import batched_values, is_scalar_model_dir, load_scalar_model, save_scalar_model
 
 # The fresh head's seed is derived from the run seed, so two runs with one seed start the same critic.
 HEAD_SEED_OFFSET = 17

@@ -12,7 +12,7 @@ as the next iteration's input. So after ``dvc repro`` finishes iteration k, ``rl
   3. rewrites ``iteration``, ``policy.path`` (and ``reference.*``) in params.yaml, keeping its comments,
      and commits that as the start of iteration k+1;
   4. with ``iterate.keep_checkpoints: K > 0``, drops older iterations' checkpoints from the DVC cache
-     (rlpipe/gc.py).
+     (rlpipe/run/gc.py).
 
 Every step is idempotent and a process killed between two steps is finished by the next call
 (``rlpipe iterate`` or ``rlpipe run``), which reads how far the last one got from what it left:
@@ -35,8 +35,8 @@ import yaml
 
 from rlpipe.config import Params, load_params
 from rlpipe.errors import RlpipeError
-from rlpipe.history import HISTORY_CSV, write_history_csv
-from rlpipe.io import atomic_path, read_json, read_policy_version
+from rlpipe.run.history import HISTORY_CSV, write_history_csv
+from rlpipe.data.io import atomic_path, read_json, read_policy_version
 from rlpipe.run import dvc, policies, record
 
 STATE_POLICY = "state/policy"
@@ -274,7 +274,7 @@ def finish_interrupted_start(root: Path, *, params_file: str = "params.yaml") ->
 def _prune(root: Path, params: Params, params_file: str) -> None:
     """The last step of ``advance``: keep the checkpoints of the last ``iterate.keep_checkpoints`` iterations."""
     if params.iterate.keep_checkpoints > 0:
-        from rlpipe.gc import prune_checkpoints
+        from rlpipe.run.gc import prune_checkpoints
 
         prune_checkpoints(root, keep=params.iterate.keep_checkpoints, params_file=params_file)
 

@@ -1,9 +1,9 @@
 """The turn view of `rlpipe inspect`: a multi-turn rollout's turns, tool calls and finish, beside its tokens.
 
-A small piece apart from rlpipe.render (which calls it): `turn_records` cuts a rollout row into turns
+A small piece apart from rlpipe.reports.render (which calls it): `turn_records` cuts a rollout row into turns
 (the model's tokens, then the observation the environment answered with), `turn_lines` says each in
 one line, `print_turns` / `turns_html` draw them, and `turn_summary` / `turn_summary_lines` add the
-iteration's multi-turn statistics. Token colours are left to rlpipe.render: inspect gives observation
+iteration's multi-turn statistics. Token colours are left to rlpipe.reports.render: inspect gives observation
 tokens no value, so only the policy's tokens are coloured. Rows of single-turn rollouts draw nothing.
 """
 from __future__ import annotations

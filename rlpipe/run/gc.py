@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 import yaml
 
 from rlpipe.config import load_params
-from rlpipe.iterate import STATE_POLICY, STATE_REFERENCE, _run, tag_name
+from rlpipe.run.iterate import STATE_POLICY, STATE_REFERENCE, _run, tag_name
 
 WORKTREE = None  # a revision argument meaning "the files on disk, committed or not"
 

@@ -1,7 +1,7 @@
 """What the terminal view and the HTML page of `rlpipe inspect` / `rlpipe diff` both draw.
 
-Both outputs (rlpipe.reports.terminal, rlpipe.reports.html) draw the dicts built by rlpipe.inspect /
-rlpipe.diff from the pieces defined here: the colour scale, the statistic lines with their nesting,
+Both outputs (rlpipe.reports.terminal, rlpipe.reports.html) draw the dicts built by rlpipe.reports.inspect /
+rlpipe.reports.diff from the pieces defined here: the colour scale, the statistic lines with their nesting,
 the run lines, headers, number formats, and ``token_cells``, the one place a completion's tokens
 are turned into coloured cells. So a token has the same colour, and a statistic the same label, in
 the terminal and in the page.
@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from rlpipe.inspect import COLOR_COLUMNS
+from rlpipe.reports.inspect import COLOR_COLUMNS
 
 WHITE = (255, 255, 255)
 # Colour at full intensity: negative / positive side of a diverging scale, "surprising" log-probs, entropy.

@@ -16,7 +16,7 @@ import polars as pl
 
 from rlpipe.config import PromptFilesConfig
 from rlpipe.errors import ArtifactError, ConfigError
-from rlpipe.io import read_table_file
+from rlpipe.data.io import read_table_file
 
 
 def use_chat_template(tokenizer: Any, mode: str) -> bool:

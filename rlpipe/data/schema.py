@@ -2,7 +2,7 @@
 
 Why one module: every stage reads another stage's files, often on another machine and months later.
 The schema below is what makes a rollout table self-explanatory in polars/DuckDB and what every
-read and write is checked against (see ``rlpipe.io``). Artifacts are additive: each stage writes the
+read and write is checked against (see ``rlpipe.data.io``). Artifacts are additive: each stage writes the
 key columns plus the columns it owns, and readers join on the keys.
 
 Conventions

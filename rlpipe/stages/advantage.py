@@ -19,7 +19,7 @@ import polars as pl
 from rlpipe.algorithms.advantages import adaptive_kl_beta, get_advantage_estimator, kl_penalized_token_rewards, token_kl
 from rlpipe.config import AdvantageConfig
 from rlpipe.errors import ArtifactError
-from rlpipe.io import Artifact
+from rlpipe.data.io import Artifact
 
 FILTER_ZERO_VARIANCE = "zero_variance_group"
 FILTER_TRUNCATED = "truncated"

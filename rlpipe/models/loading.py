@@ -1,7 +1,7 @@
 """Loading and saving HF models and tokenizers from local directories, with clear errors.
 
 No hub access anywhere: a path that is not a local model directory is an error, never a download.
-Every model-directory argument may also be a LoRA adapter directory (rlpipe/lora): `load_model` is the
+Every model-directory argument may also be a LoRA adapter directory (rlpipe/models/lora): `load_model` is the
 one loader that puts the adapter over its base; config, tokenizer and EOS ids come from the base.
 The policy version travels inside the checkpoint (``rlpipe.json``) so that a stage can refuse
 rollouts that were sampled by a different policy than the one it is given.
@@ -15,8 +15,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from rlpipe.errors import ArtifactError
-from rlpipe.io import CHECKPOINT_INFO, atomic_path, read_policy_version  # noqa: F401  (re-exported for stages)
-from rlpipe.lora.adapter import is_adapter_dir, model_dir_of
+from rlpipe.data.io import CHECKPOINT_INFO, atomic_path, read_policy_version  # noqa: F401  (re-exported for stages)
+from rlpipe.models.lora.adapter import is_adapter_dir, model_dir_of
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -77,7 +77,7 @@ def load_model(path: str | Path, *, device: str, dtype: str) -> Any:
     """The causal LM of a model directory, or of an adapter directory: its base (hash-checked) with the
     adapter applied inside its layers (PEFT, unmerged), as a plain transformers module in inference use."""
     if is_adapter_dir(path):
-        from rlpipe.lora.peft_model import load_adapter_model
+        from rlpipe.models.lora.peft_model import load_adapter_model
 
         return load_adapter_model(path, device=device, dtype=dtype).get_base_model()
     p = check_model_dir(path)
@@ -169,11 +169,11 @@ def load_trainable_model(path: str | Path, *, device: str) -> tuple[Any, bool]:
     """The policy in float32 as train starts from it, and whether those are its exact master weights.
 
     A bf16 checkpoint carries its float32 master weights as the low bits bf16 drops
-    (``master/low_bits.safetensors``, `rlpipe.master_weights`); a float16 one (and checkpoints written
+    (``master/low_bits.safetensors``, `rlpipe.models.master_weights`); a float16 one (and checkpoints written
     before that format) as a float32 model dir in ``master/``; others have none, and their own weights
     are the master.
     """
-    from rlpipe.master_weights import LOW_BITS_FILE, apply_low_bits
+    from rlpipe.models.master_weights import LOW_BITS_FILE, apply_low_bits
 
     master = Path(path) / MASTER_DIR
     low_bits = master / LOW_BITS_FILE
@@ -197,7 +197,7 @@ def _converted_state_dict(model: Any, dtype: torch.dtype) -> dict[str, torch.Ten
     matrix), to write, hash, cache, push and load every iteration. Shared, they are saved once, as in
     the float32 model.
     """
-    from rlpipe.master_weights import storage_key
+    from rlpipe.models.master_weights import storage_key
 
     converted: dict[tuple, torch.Tensor] = {}
     out = {}
@@ -218,7 +218,7 @@ def save_checkpoint(model: Any, tokenizer: Any, out_dir: str | Path, *, policy_v
     ``master_weights``: also save the exact float32 weights in ``master/``, where the next train stage
     starts from (`load_trainable_model`), so an iteration's update is not rounded away (bf16 keeps 8
     significant bits: a change of less than ~0.4% of a weight vanishes when rounded). For bf16, the 16
-    bits that rounding dropped (`rlpipe.master_weights`: 2 bytes a parameter, not 4); for float16 a
+    bits that rounding dropped (`rlpipe.models.master_weights`: 2 bytes a parameter, not 4); for float16 a
     float32 model dir. vLLM and transformers read only the top-level weights.
     """
     with atomic_path(out_dir) as tmp:
@@ -229,7 +229,7 @@ def save_checkpoint(model: Any, tokenizer: Any, out_dir: str | Path, *, policy_v
         else:
             converted = _converted_state_dict(model, target)
             if master_weights and target == torch.bfloat16:
-                from rlpipe.master_weights import LOW_BITS_FILE, save_low_bits
+                from rlpipe.models.master_weights import LOW_BITS_FILE, save_low_bits
 
                 (tmp / MASTER_DIR).mkdir()
                 save_low_bits(model.state_dict(), tmp / MASTER_DIR / LOW_BITS_FILE, rounded=converted)

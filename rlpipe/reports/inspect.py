@@ -1,6 +1,6 @@
 """`rlpipe inspect`: one iteration's artifacts joined on (prompt_id, sample_idx), summarised as data.
 
-Plain functions returning polars frames and JSON-ready dicts; ``rlpipe.render`` draws them (rich,
+Plain functions returning polars frames and JSON-ready dicts; ``rlpipe.reports.render`` draws them (rich,
 HTML) and ``rlpipe.cli`` only parses options. A project directory is read through the paths in
 its params.yaml (read leniently, so an older run's params still work), as it is on disk or as it
 was at a git revision (``rev``: params from git, artifacts through DVC); a single artifact file is
@@ -22,13 +22,13 @@ from typing import Any
 
 import polars as pl
 
-from rlpipe.decode import TokenDecoder, fallback_pieces, find_decoder
+from rlpipe.data.decode import TokenDecoder, fallback_pieces, find_decoder
 from rlpipe.errors import ArtifactError
-from rlpipe.io import Artifact, join_on_keys, read_artifact, read_metadata
+from rlpipe.data.io import Artifact, join_on_keys, read_artifact, read_metadata
 from rlpipe.reports import sources
 from rlpipe.reports.selection import informative_order, one_sample_per_prompt
-from rlpipe.turn_view import turn_records, turn_summary
-from rlpipe.schema import (ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS,
+from rlpipe.reports.turn_view import turn_records, turn_summary
+from rlpipe.data.schema import (ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS,
                            get_schema)
 
 KEYS = ("prompt_id", "sample_idx")
@@ -442,7 +442,7 @@ def inspect_data(target: str | Path, *, eval_view: bool = False, where: str | No
     prompt that has a shown row. ``summary["run"]`` says where the rows come from (params, policy
     version, git commit) and ``summary["selection"]`` how they were selected and ordered.
     """
-    from rlpipe.exprs import filter_frame, sort_frame
+    from rlpipe.data.exprs import filter_frame, sort_frame
 
     loaded = load(target, eval_view=eval_view, rev=rev)
     full, warnings = joined_frame(loaded)

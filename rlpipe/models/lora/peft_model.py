@@ -23,8 +23,8 @@ import torch
 
 from rlpipe.config import LoraConfig
 from rlpipe.errors import ArtifactError, ConfigError
-from rlpipe.io import CHECKPOINT_INFO, atomic_path
-from rlpipe.lora.adapter import (ADAPTER_CONFIG, adapter_config, adapter_info, adapter_record, checked_base,
+from rlpipe.data.io import CHECKPOINT_INFO, atomic_path
+from rlpipe.models.lora.adapter import (ADAPTER_CONFIG, adapter_config, adapter_info, adapter_record, checked_base,
                                  is_adapter_dir, model_hash)
 
 ALL_LINEAR = "all-linear"
@@ -107,7 +107,7 @@ def load_adapter_model(path: str | os.PathLike, *, device: str, dtype: str, trai
     ``trainable``: the adapter's weights require grad (train continues it); else inference mode.
     ``base``: another directory to take the base from (it must have the recorded content hash).
     """
-    from rlpipe.models import load_model
+    from rlpipe.models.loading import load_model
 
     base_path = checked_base(path, base)
     model = load_model(base_path, device=device, dtype=dtype)
@@ -154,7 +154,7 @@ def lora_for_training(policy: str | os.PathLike, lora: LoraConfig, *, device: st
             raise ConfigError(f"train.lora: the start model {policy} (policy.latest_path) would become the adapter's "
                               f"base, but {path} is replaced every iteration; copy it where it stays (e.g. "
                               f"models/base) and point policy.path and policy.latest_path there")
-    from rlpipe.models import load_model
+    from rlpipe.models.loading import load_model
 
     model = load_model(policy, device=device, dtype="float32")
     return LoraStart(wrap_for_training(model, lora), Path(policy), model_hash(policy), continued=False)

@@ -1,4 +1,4 @@
-"""Read, write and join artifacts: validated against ``rlpipe.schema``, atomic, byte-deterministic.
+"""Read, write and join artifacts: validated against ``rlpipe.data.schema``, atomic, byte-deterministic.
 
 Why so strict: stages run as separate processes, possibly on separate machines, and a silent
 column mix-up (a list one token short, a duplicated key) corrupts training without an error.
@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlpipe.errors import ArtifactError
-from rlpipe.schema import METADATA_KEY, SCHEMA_VERSION, ArtifactSchema
+from rlpipe.data.schema import METADATA_KEY, SCHEMA_VERSION, ArtifactSchema
 
 PARQUET_COMPRESSION = "zstd"
 
@@ -112,7 +112,7 @@ CHECKPOINT_INFO = "rlpipe.json"  # written beside config.json in every checkpoin
 def read_policy_version(model_dir: str | os.PathLike) -> int | None:
     """The policy version rlpipe stored in a checkpoint, or None for a model rlpipe did not write.
 
-    Lives here, not in rlpipe.models, so that `rlpipe iterate` can read it without importing torch.
+    Lives here, not in rlpipe.models.loading, so that `rlpipe iterate` can read it without importing torch.
     """
     f = Path(model_dir) / CHECKPOINT_INFO
     if not f.is_file():

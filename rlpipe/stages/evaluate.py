@@ -7,15 +7,15 @@ import polars as pl
 
 from rlpipe.config import EvaluateConfig, ScoreConfig
 from rlpipe.engines.base import GenerationEngine, PromptRequest, SamplingParams
-from rlpipe.generate import GREEDY_TEMPERATURE, single_turn_columns
-from rlpipe.scoring import score_rows
+from rlpipe.stages.generate import GREEDY_TEMPERATURE, single_turn_columns
+from rlpipe.stages.score import score_rows
 
 
 def evaluate_policy(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: EvaluateConfig, score_cfg: ScoreConfig,
                     policy_version: int, decode: Any, multi_turn: Any = None) -> tuple[pl.DataFrame, dict[str, Any]]:
-    """Greedy completions of every prompt by ``engine`` (see `rlpipe.generate.build_engine`), scored.
+    """Greedy completions of every prompt by ``engine`` (see `rlpipe.stages.generate.build_engine`), scored.
 
-    ``multi_turn``: a `rlpipe.generate.MultiTurnSetup` (generate.environment) to evaluate multi-turn
+    ``multi_turn``: a `rlpipe.stages.generate.MultiTurnSetup` (generate.environment) to evaluate multi-turn
     rollouts, each turn capped at ``evaluate.max_new_tokens``.
     """
     params = SamplingParams(temperature=GREEDY_TEMPERATURE, top_p=1.0, top_k=0, max_new_tokens=cfg.max_new_tokens)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rlpipe.errors import ArtifactError
-from rlpipe.io import CHECKPOINT_INFO
+from rlpipe.data.io import CHECKPOINT_INFO
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

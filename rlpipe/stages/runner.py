@@ -36,8 +36,8 @@ from pathlib import Path  # noqa: E402
 from typing import Any, Callable, Iterator  # noqa: E402
 
 from rlpipe.errors import RlpipeError  # noqa: E402
-from rlpipe.headline import headline, headline_path  # noqa: E402
-from rlpipe.io import write_json  # noqa: E402
+from rlpipe.stages.headline import headline, headline_path  # noqa: E402
+from rlpipe.data.io import write_json  # noqa: E402
 
 
 class PhaseTimer:
@@ -83,7 +83,7 @@ def engine_metrics(engine: Any) -> dict[str, Any]:
 
 
 def write_metrics(path: str | Path, stage: str, metrics: dict[str, Any], timer: PhaseTimer) -> None:
-    """The stage's metrics file, then its headline beside it (rlpipe/headline.py: what `dvc metrics show` prints)."""
+    """The stage's metrics file, then its headline beside it (rlpipe/stages/headline.py: what `dvc metrics show` prints)."""
     full = _no_negative_zero({"stage": stage, **metrics, "seconds": timer.report()})
     write_json(path, full)
     write_json(headline_path(path), headline(stage, full))

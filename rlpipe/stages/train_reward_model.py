@@ -3,7 +3,7 @@
     python stages/train_reward_model.py --params params.yaml --preferences PREFS.parquet \
         --init MODEL_DIR --out RM_DIR --metrics metrics/train_reward_model.json
 
-The model is `rlpipe.value_model.ScalarHeadModel`: a causal LM's body plus Linear(hidden, 1), read at
+The model is `rlpipe.models.value_model.ScalarHeadModel`: a causal LM's body plus Linear(hidden, 1), read at
 the last token of prompt + completion (the completion ends with EOS, as a rollout that stopped
 does). For a pair, ``P(chosen > rejected) = sigmoid(r_c - r_r)`` and the loss is its negative log
 (ALGORITHMS.md, "Reward models"; Bradley & Terry 1952, Ouyang et al. 2022 eq. 1). Scores have no
@@ -30,9 +30,9 @@ import torch
 from rlpipe.algorithms.losses import bradley_terry_loss
 from rlpipe.engines.logprobs import make_token_batch
 from rlpipe.errors import TrainingError
-from rlpipe.io import CHECKPOINT_INFO, atomic_path
+from rlpipe.data.io import CHECKPOINT_INFO, atomic_path
 from rlpipe.rewards.model_reward import PLACEHOLDER_KIND
-from rlpipe.value_model import ScalarHeadModel, batched_scores, sequence_scores
+from rlpipe.models.value_model import ScalarHeadModel, batched_scores, sequence_scores
 
 # Seed domains: the fresh head, the held-out split and the epoch shuffles draw from independent
 # streams of the one params seed (rlpipe.engines.base.derive_seed(seed, stream)).
@@ -63,7 +63,7 @@ class PreferencePairs:
 
     @classmethod
     def from_frame(cls, frame: pl.DataFrame) -> PreferencePairs:
-        """From a PREFERENCES table (rlpipe.schema)."""
+        """From a PREFERENCES table (rlpipe.data.schema)."""
         frame = frame.sort("pair_id")
         return cls(prompts=frame["prompt_token_ids"].to_list(), chosen=frame["chosen_token_ids"].to_list(),
                    rejected=frame["rejected_token_ids"].to_list())

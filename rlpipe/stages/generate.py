@@ -13,7 +13,7 @@ import polars as pl
 from rlpipe.config import GenerateConfig, VLLMConfig
 from rlpipe.engines.base import Completion, GenerationEngine, PromptRequest, SamplingParams, derive_seed
 from rlpipe.errors import ArtifactError, ConfigError
-from rlpipe.schema import TOOL_CALL
+from rlpipe.data.schema import TOOL_CALL
 
 # Domain tags keep the seed streams of different uses apart (prompt choice vs sampling).
 PROMPT_SELECTION_STREAM = 1
@@ -126,7 +126,7 @@ def build_engine(engine: str, *, device: str, dtype: str, batch_size: int, vllm:
         return remote
     if engine == "hf":
         from rlpipe.engines.hf import HFEngine
-        from rlpipe.models import load_model
+        from rlpipe.models.loading import load_model
 
         model = load_model(model_dir, device=device, dtype=dtype)
         return HFEngine.from_model(model, batch_size=batch_size, eos_token_ids=eos_token_ids,

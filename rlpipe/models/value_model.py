@@ -31,9 +31,9 @@ from safetensors.torch import load_file, save_file
 from rlpipe.engines.base import eval_mode
 from rlpipe.engines.logprobs import TokenBatch, make_token_batch
 from rlpipe.errors import ArtifactError
-from rlpipe.io import CHECKPOINT_INFO, atomic_path
-from rlpipe.lora.adapter import is_adapter_dir
-from rlpipe.models import DTYPES, check_model_dir
+from rlpipe.data.io import CHECKPOINT_INFO, atomic_path
+from rlpipe.models.lora.adapter import is_adapter_dir
+from rlpipe.models.loading import DTYPES, check_model_dir
 
 HEAD_FILE = "scalar_head.safetensors"
 KIND = "scalar_head"
@@ -72,7 +72,7 @@ def load_scalar_model(path: str | Path, *, seed: int, device: str, dtype: str = 
     from transformers import AutoModel
 
     if is_adapter_dir(path):  # a LoRA policy: its base with the adapter merged into a fresh copy, then its body
-        from rlpipe.lora.peft_model import merged_model
+        from rlpipe.models.lora.peft_model import merged_model
 
         lm = merged_model(path).to(DTYPES[dtype])
         body = getattr(lm, lm.base_model_prefix)
