@@ -240,11 +240,11 @@ class eager_head:
     """Run rlpipe's LM-head element-wise work eagerly (not torch.compile'd): to show what the fusion buys."""
 
     def __enter__(self):
-        self.saved = lp._fused
-        lp._fused = chunked_head._fused = lambda fn, device: fn  # the forward (logprobs) and backward (chunked_head)
+        self.saved = lp.fused
+        lp.fused = chunked_head.fused = lambda fn, device: fn  # the forward (logprobs) and backward (chunked_head)
 
     def __exit__(self, *exc):
-        lp._fused = chunked_head._fused = self.saved
+        lp.fused = chunked_head.fused = self.saved
 
 
 def record(rows: list, shape: str, workload: str, setting: str, path: str, budget: int, result: dict) -> None:
@@ -384,7 +384,7 @@ def head_memory(hidden: int, vocab: int, positions: int, chunk: int) -> tuple[fl
         base = allocated_gb()
         with torch.inference_mode():
             if chunked:
-                stats = lp._fused(lp._logit_stats, h.device)
+                stats = lp.fused(lp.logit_stats, h.device)
                 torch.cat([stats(head(h[i:i + chunk]), target[i:i + chunk], 1.0, False)[0]
                            for i in range(0, positions, chunk)])
             else:

@@ -11,7 +11,8 @@ import rlpipe.stages.runner as stage  # first: starts the stage clock
 
 import typer
 
-from rlpipe.stages.advantage import check_finite_rewards, compute_advantages, require_critic_values
+from rlpipe.models.critic import require_critic_values
+from rlpipe.stages.advantage import check_finite_rewards, compute_advantages
 from rlpipe.rewards.registry import component_column
 from rlpipe.config import load_params
 from rlpipe.errors import ArtifactError

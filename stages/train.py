@@ -24,7 +24,7 @@ from rlpipe.data.io import read_artifact, write_artifact
 from rlpipe.models.loading import (load_tokenizer, load_trainable_model, read_policy_version, save_checkpoint,
                            setup_torch, stored_dtype)
 from rlpipe.data.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS, VALUES
-from rlpipe.stages.values import load_critic, save_critic
+from rlpipe.models.critic import load_critic, save_critic
 from rlpipe.distributed import finish, start
 from rlpipe.engines.logprobs import (compile_decoder_layers, compile_layers_wanted, compile_seconds,
                                      enable_gradient_checkpointing)
@@ -78,7 +78,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         tokenizer = load_tokenizer(policy)
         lora = None
         if cfg.lora.enabled:  # a fresh adapter over the start model, or the adapter it is, continued
-            from rlpipe.models.lora.peft_model import lora_for_training
+            from rlpipe.models.loading import lora_for_training
 
             lora = lora_for_training(policy, cfg.lora, device=cfg.device,
                                      replaced=[p.paths.checkpoint, "state", ".rlpipe"])
@@ -129,7 +129,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         if sharded is not None:
             rebuild = None
             if lora is not None:  # rank 0 saves the adapter of a CPU copy of the PEFT model
-                from rlpipe.models.lora.peft_model import lora_for_training
+                from rlpipe.models.loading import lora_for_training
 
                 rebuild = lambda: lora_for_training(policy, cfg.lora, device="cpu", replaced=[]).peft_model  # noqa: E731
             model, critic_model = gathered_models(sharded, policy, critic, seed=p.seed, rebuild=rebuild)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlpipe.config import load_params
-from rlpipe.run.iterate import STATE_POLICY, _only_state_changed, handover_started
+from rlpipe.run.iterate import _only_state_changed, handover_started
+from rlpipe.run.repo import STATE_POLICY
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 

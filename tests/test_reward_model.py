@@ -26,7 +26,8 @@ from rlpipe.data.schema import PREFERENCES
 from rlpipe.stages.score import score_rows
 from rlpipe.tiny import TASK_ALPHABET, build_char_tokenizer, build_tiny_llama, make_task_rows
 from rlpipe.tiny.preferences import make_preference_rows
-from rlpipe.models.value_model import batched_scores, load_scalar_model, sequence_scores
+from rlpipe.engines.scalar_head import batched_scores, sequence_scores
+from rlpipe.models.value_model import load_scalar_model
 from rlpipe.engines.logprobs import make_token_batch
 
 REPO = Path(__file__).resolve().parents[1]

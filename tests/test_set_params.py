@@ -1,4 +1,4 @@
-"""rlpipe.run.iterate.set_params: edits values in place, keeping every comment and every other byte of params.yaml."""
+"""rlpipe.run.params_file.set_params: edits values in place, keeping every comment and every other byte of params.yaml."""
 from __future__ import annotations
 
 import shutil
@@ -8,7 +8,7 @@ import pytest
 
 from rlpipe.config import load_params
 from rlpipe.errors import RlpipeError
-from rlpipe.run.iterate import set_params
+from rlpipe.run.params_file import set_params
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 

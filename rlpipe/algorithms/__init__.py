@@ -1,4 +1,4 @@
-"""Pure RL math: advantages (numpy), KL estimators, policy/value losses and loss aggregation (torch).
+"""Pure RL math: advantages and their registry (numpy), KL estimators, policy/value losses and loss aggregation (torch).
 
 The names below are re-exported lazily (PEP 562 `__getattr__`): `import rlpipe.algorithms.advantages`
 must not import torch, because the advantage stage is numpy-only and should start fast. Accessing a
@@ -10,10 +10,13 @@ import importlib
 from typing import TYPE_CHECKING
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "advantages": (
+    "estimators": (
         "ADVANTAGE_ESTIMATORS",
         "ADVANTAGE_ESTIMATOR_OPTIONS",
         "AdvantageResult",
+        "get_advantage_estimator",
+    ),
+    "advantages": (
         "GRPO_STD_MODES",
         "SINGLETON_GROUPS",
         "WHITEN_FORMS",
@@ -21,7 +24,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "as_bool_mask",
         "dr_grpo_advantages",
         "gae_advantages",
-        "get_advantage_estimator",
         "grpo_advantages",
         "kl_penalized_token_rewards",
         "reinforce_plus_plus_advantages",
@@ -78,6 +80,7 @@ __all__ = [name for names in _EXPORTS.values() for name in names]
 
 if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
     from rlpipe.algorithms.advantages import *  # noqa: F401,F403
+    from rlpipe.algorithms.estimators import *  # noqa: F401,F403
     from rlpipe.algorithms.aggregation import *  # noqa: F401,F403
     from rlpipe.algorithms.kl import *  # noqa: F401,F403
     from rlpipe.algorithms.losses import *  # noqa: F401,F403

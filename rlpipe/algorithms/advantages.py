@@ -8,25 +8,23 @@ Conventions (see ALGORITHMS.md): `B` sequences, `T` padded completion tokens; `m
 0/1) marks valid completion tokens. Padded positions never enter a sum, a mean or a statistic, and
 are exactly 0 in every output (whatever the input held there, NaN included).
 
-Every estimator is also reachable through `ADVANTAGE_ESTIMATORS`, whose entries share one
-keyword-only signature and return an `AdvantageResult`.
+Every estimator is also reachable through `rlpipe.algorithms.estimators.ADVANTAGE_ESTIMATORS`, whose
+entries share one keyword-only signature and return an `AdvantageResult`. The group helpers here
+(`group_ids`, `group_stats`, `group_metrics`, ...) are public because `group_advantages` builds on them.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 GRPO_STD_MODES = ("sample", "population")
-_DDOF = {"sample": 1, "population": 0}
+STD_DDOF = {"sample": 1, "population": 0}
 SINGLETON_GROUPS = (
     "zero",  # a group of one has no baseline: A = 0 (rlpipe, TRL and OpenRLHF, which need G > 1)
     "uncentered",  # verl: mean 0 and std 1 for a group of one, so GRPO gives R / (1 + eps), Dr.GRPO R
 )
 
 
-def _check_singleton(singleton_groups: str) -> None:
+def check_singleton_groups(singleton_groups: str) -> None:
     if singleton_groups not in SINGLETON_GROUPS:
         raise ValueError(f"singleton_groups must be one of {SINGLETON_GROUPS}, got {singleton_groups!r}")
 
@@ -35,7 +33,7 @@ def _check_singleton(singleton_groups: str) -> None:
 # input checks
 
 
-def _rewards(rewards_B) -> np.ndarray:
+def as_rewards(rewards_B) -> np.ndarray:
     r_B = np.asarray(rewards_B, dtype=np.float64)
     if r_B.ndim != 1:
         raise ValueError(f"rewards_B must be 1-D [B], got shape {r_B.shape}")
@@ -44,7 +42,7 @@ def _rewards(rewards_B) -> np.ndarray:
     return r_B
 
 
-def _groups(group_index_B, num_sequences: int) -> tuple[np.ndarray, np.ndarray]:
+def group_ids(group_index_B, num_sequences: int) -> tuple[np.ndarray, np.ndarray]:
     """Map arbitrary integer group ids to 0..num_groups-1; return (inverse_B, group_size_g)."""
     g_B = np.asarray(group_index_B)
     if g_B.shape != (num_sequences,):
@@ -87,9 +85,9 @@ def _tokens(x_BT, name: str, mask_BT: np.ndarray) -> np.ndarray:
 # group (sequence-level) estimators
 
 
-def _group_stats(r_B: np.ndarray, group_index_B):
+def group_stats(r_B: np.ndarray, group_index_B):
     """Per-sequence group mean, group size, and which groups are zero-variance / singletons."""
-    inv_B, size_g = _groups(group_index_B, r_B.shape[0])
+    inv_B, size_g = group_ids(group_index_B, r_B.shape[0])
     num_groups = size_g.shape[0]
     mean_g = np.bincount(inv_B, weights=r_B, minlength=num_groups) / np.maximum(size_g, 1)
     # Zero variance decided exactly (max == min), not by std < tol: the float mean of equal
@@ -103,7 +101,7 @@ def _group_stats(r_B: np.ndarray, group_index_B):
     return inv_B, size_g, mean_g, singleton_g, zero_var_g
 
 
-def _group_metrics(size_g, singleton_g, zero_var_g) -> dict:
+def group_metrics(size_g, singleton_g, zero_var_g) -> dict:
     num_groups = int(size_g.shape[0])
     return {
         "num_groups": num_groups,
@@ -141,17 +139,17 @@ def grpo_advantages(rewards_B, group_index_B, *, std_mode: str, eps: float, sing
     Reference: Shao et al. 2024, DeepSeekMath (arXiv:2402.03300), section 4.1; Liu et al. 2025,
     Tricks or Traps? (arXiv:2508.08221) for the batch std.
     """
-    if std_mode not in _DDOF:
+    if std_mode not in STD_DDOF:
         raise ValueError(f"std_mode must be one of {GRPO_STD_MODES}, got {std_mode!r}")
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    _check_singleton(singleton_groups)
+    check_singleton_groups(singleton_groups)
     if std_scope not in GRPO_STD_SCOPES:
         raise ValueError(f"std_scope must be one of {GRPO_STD_SCOPES}, got {std_scope!r}")
-    r_B = _rewards(rewards_B)
-    inv_B, size_g, mean_g, singleton_g, zero_var_g = _group_stats(r_B, group_index_B)
+    r_B = as_rewards(rewards_B)
+    inv_B, size_g, mean_g, singleton_g, zero_var_g = group_stats(r_B, group_index_B)
     dev_B = r_B - mean_g[inv_B]
-    ddof = _DDOF[std_mode]
+    ddof = STD_DDOF[std_mode]
     if std_scope == "group":
         sq_g = np.bincount(inv_B, weights=dev_B**2, minlength=size_g.shape[0])
         std_B = np.sqrt(sq_g / np.maximum(size_g - ddof, 1))[inv_B]
@@ -164,7 +162,7 @@ def grpo_advantages(rewards_B, group_index_B, *, std_mode: str, eps: float, sing
     if singleton_groups == "uncentered":
         alone_B = singleton_g[inv_B]
         adv_B[alone_B] = r_B[alone_B] / (1.0 + eps)
-    return adv_B, _group_metrics(size_g, singleton_g, zero_var_g)
+    return adv_B, group_metrics(size_g, singleton_g, zero_var_g)
 
 
 def dr_grpo_advantages(rewards_B, group_index_B, *, singleton_groups: str) -> tuple[np.ndarray, dict]:
@@ -176,14 +174,14 @@ def dr_grpo_advantages(rewards_B, group_index_B, *, singleton_groups: str) -> tu
     Shapes: rewards_B [B], group_index_B [B] ints -> (advantages_B [B] float64, metrics).
     Reference: Liu et al. 2025, Understanding R1-Zero-Like Training (arXiv:2503.20783).
     """
-    _check_singleton(singleton_groups)
-    r_B = _rewards(rewards_B)
-    inv_B, size_g, mean_g, singleton_g, zero_var_g = _group_stats(r_B, group_index_B)
+    check_singleton_groups(singleton_groups)
+    r_B = as_rewards(rewards_B)
+    inv_B, size_g, mean_g, singleton_g, zero_var_g = group_stats(r_B, group_index_B)
     adv_B = r_B - mean_g[inv_B]
     adv_B[(singleton_g | zero_var_g)[inv_B]] = 0.0
     if singleton_groups == "uncentered":
         adv_B[singleton_g[inv_B]] = r_B[singleton_g[inv_B]]
-    return adv_B, _group_metrics(size_g, singleton_g, zero_var_g)
+    return adv_B, group_metrics(size_g, singleton_g, zero_var_g)
 
 
 def rloo_advantages(rewards_B, group_index_B) -> tuple[np.ndarray, dict]:
@@ -194,13 +192,13 @@ def rloo_advantages(rewards_B, group_index_B) -> tuple[np.ndarray, dict]:
     and gets 0. Shapes: rewards_B [B], group_index_B [B] ints -> (advantages_B [B] float64, metrics).
     Reference: Ahmadian et al. 2024, Back to Basics (arXiv:2402.14740); Kool et al. 2019.
     """
-    r_B = _rewards(rewards_B)
-    inv_B, size_g, _, singleton_g, zero_var_g = _group_stats(r_B, group_index_B)
+    r_B = as_rewards(rewards_B)
+    inv_B, size_g, _, singleton_g, zero_var_g = group_stats(r_B, group_index_B)
     sum_g = np.bincount(inv_B, weights=r_B, minlength=size_g.shape[0])
     others_B = np.maximum(size_g[inv_B] - 1, 1)
     adv_B = r_B - (sum_g[inv_B] - r_B) / others_B
     adv_B[(singleton_g | zero_var_g)[inv_B]] = 0.0
-    return adv_B, _group_metrics(size_g, singleton_g, zero_var_g)
+    return adv_B, group_metrics(size_g, singleton_g, zero_var_g)
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,7 +240,7 @@ def kl_penalized_token_rewards(scores_B, old_logprobs_BT, ref_logprobs_BT, mask_
     Shapes: scores_B [B]; old_logprobs_BT, ref_logprobs_BT, mask_BT [B, T] -> rewards_BT [B, T]
     float64, 0 at padding. Reference: Ouyang et al. 2022 (arXiv:2203.02155); Ziegler et al. 2019.
     """
-    s_B = _rewards(scores_B)
+    s_B = as_rewards(scores_B)
     m = as_bool_mask(mask_BT)
     if m.shape[0] != s_B.shape[0]:
         raise ValueError(f"scores_B has {s_B.shape[0]} rows, mask_BT has {m.shape[0]}")
@@ -359,199 +357,3 @@ def adaptive_kl_beta(beta: float, *, observed_kl: float, target_kl: float, horiz
         raise ValueError(f"horizon must be > 0, got {horizon}")
     error = float(np.clip(observed_kl / target_kl - 1.0, -0.2, 0.2))
     return float(beta * (1.0 + error * num_samples / horizon))
-
-
-# --------------------------------------------------------------------------------------------
-# registry: one signature for every estimator
-
-
-@dataclass(frozen=True)
-class AdvantageResult:
-    """What every entry of `ADVANTAGE_ESTIMATORS` returns.
-
-    token_advantages_BT: [B, T] float64, 0 at padding (sequence estimators broadcast A_i);
-    sequence_advantages_B: [B] for sequence estimators, else None;
-    returns_BT: critic targets [B, T] for "gae", else None; metrics: python numbers.
-    """
-
-    token_advantages_BT: np.ndarray
-    sequence_advantages_B: np.ndarray | None
-    returns_BT: np.ndarray | None
-    metrics: dict
-
-
-# which options each registry entry requires (for config validation and docs)
-ADVANTAGE_ESTIMATOR_OPTIONS: dict[str, tuple[str, ...]] = {
-    "grpo": ("std_mode", "eps", "singleton_groups", "std_scope"),
-    "dr_grpo": ("singleton_groups",),
-    "rloo": (),
-    "reinforce_plus_plus": ("whiten_form", "whiten_eps"),
-    "gae": ("gamma", "lam", "whiten", "whiten_form", "whiten_eps"),
-    "grpo_passk": ("std_mode", "eps"),
-    "reinforce_plus_plus_baseline": ("singleton_groups", "whiten_form", "whiten_eps"),
-    "gdpo": ("std_mode", "eps", "singleton_groups", "whiten_form", "whiten_eps", "reward_weights"),
-    "grpo_normalize_then_sum": ("std_mode", "eps", "reward_weights"),
-}
-
-
-def _options(name: str, options: dict) -> dict:
-    required = ADVANTAGE_ESTIMATOR_OPTIONS[name]
-    for key in required:
-        if key not in options:
-            raise KeyError(f"advantage estimator {name!r} needs option {key!r} (its options: {list(required)})")
-    unknown = sorted(set(options) - set(required))
-    if unknown:
-        raise ValueError(f"advantage estimator {name!r} got unknown options {unknown} (its options: {list(required)})")
-    return options
-
-
-def _need(name: str, **inputs):
-    for key, value in inputs.items():
-        if value is None:
-            raise ValueError(f"advantage estimator {name!r} needs input {key}")
-
-
-def _broadcast(name, fn, rewards_B, group_index_B, mask_BT, kwargs) -> AdvantageResult:
-    _need(name, rewards_B=rewards_B, group_index_B=group_index_B, mask_BT=mask_BT)
-    adv_B, metrics = fn(rewards_B, group_index_B, **kwargs)
-    m = as_bool_mask(mask_BT)
-    if m.shape[0] != adv_B.shape[0]:
-        raise ValueError(f"mask_BT has {m.shape[0]} rows, rewards_B has {adv_B.shape[0]}")
-    return AdvantageResult(np.where(m, adv_B[:, None], 0.0), adv_B, None, metrics)
-
-
-def _grpo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                 component_rewards_BK, options) -> AdvantageResult:
-    o = _options("grpo", options)
-    return _broadcast("grpo", grpo_advantages, rewards_B, group_index_B, mask_BT, dict(o))
-
-
-def _dr_grpo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                 component_rewards_BK, options) -> AdvantageResult:
-    o = _options("dr_grpo", options)
-    return _broadcast("dr_grpo", dr_grpo_advantages, rewards_B, group_index_B, mask_BT, dict(o))
-
-
-def _rloo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                 component_rewards_BK, options) -> AdvantageResult:
-    _options("rloo", options)
-    return _broadcast("rloo", rloo_advantages, rewards_B, group_index_B, mask_BT, {})
-
-
-def _reinforce_pp_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                 component_rewards_BK, options) -> AdvantageResult:
-    o = _options("reinforce_plus_plus", options)
-    _need("reinforce_plus_plus", token_rewards_BT=token_rewards_BT, mask_BT=mask_BT)
-    adv_BT = reinforce_plus_plus_advantages(token_rewards_BT, mask_BT, whiten_form=o["whiten_form"],
-                                            eps=o["whiten_eps"])
-    metrics = {"num_valid_tokens": int(as_bool_mask(mask_BT).sum())}
-    return AdvantageResult(adv_BT, None, None, metrics)
-
-
-def _gae_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                 component_rewards_BK, options) -> AdvantageResult:
-    """GAE, then (``whiten``) advantages z-scored over the batch's valid tokens; returns from the raw A."""
-    o = _options("gae", options)
-    _need("gae", token_rewards_BT=token_rewards_BT, values_BT=values_BT, mask_BT=mask_BT)
-    raw_BT, returns_BT = gae_advantages(token_rewards_BT, values_BT, mask_BT, gamma=o["gamma"], lam=o["lam"])
-    m = as_bool_mask(mask_BT)
-    n = int(m.sum())
-    metrics = {
-        "num_valid_tokens": n,
-        "raw_advantage_mean": float(raw_BT[m].mean()) if n else 0.0,
-        "return_mean": float(returns_BT[m].mean()) if n else 0.0,
-    }
-    adv_BT = whiten(raw_BT, m, form=o["whiten_form"], eps=o["whiten_eps"]) if o["whiten"] else raw_BT
-    return AdvantageResult(adv_BT, None, returns_BT, metrics)
-
-
-def _grpo_passk_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                      component_rewards_BK, options) -> AdvantageResult:
-    from rlpipe.algorithms.group_advantages import grpo_passk_advantages
-
-    o = _options("grpo_passk", options)
-    return _broadcast("grpo_passk", grpo_passk_advantages, rewards_B, group_index_B, mask_BT, dict(o))
-
-
-def _sequence_result(adv_BT: np.ndarray, m: np.ndarray, metrics: dict) -> AdvantageResult:
-    """A token result whose tokens share their sequence's value (a whitened sequence advantage): A_i is
-    that value (0 for a row without valid tokens), so the off-policy mask can read its sign."""
-    first_B = np.argmax(m, axis=1)
-    seq_B = np.where(m.any(axis=1), adv_BT[np.arange(m.shape[0]), first_B], 0.0)
-    return AdvantageResult(adv_BT, seq_B, None, metrics)
-
-
-def _reinforce_pp_baseline_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                                 component_rewards_BK, options) -> AdvantageResult:
-    from rlpipe.algorithms.group_advantages import reinforce_plus_plus_baseline_advantages
-
-    o = _options("reinforce_plus_plus_baseline", options)
-    _need("reinforce_plus_plus_baseline", rewards_B=rewards_B, group_index_B=group_index_B, mask_BT=mask_BT)
-    adv_BT, metrics = reinforce_plus_plus_baseline_advantages(
-        rewards_B, group_index_B, mask_BT, singleton_groups=o["singleton_groups"], whiten_form=o["whiten_form"],
-        eps=o["whiten_eps"])
-    return _sequence_result(adv_BT, as_bool_mask(mask_BT), metrics)
-
-
-def _components(name, component_rewards_BK, rewards_B, weights) -> tuple[np.ndarray, np.ndarray]:
-    _need(name, component_rewards_BK=component_rewards_BK, rewards_B=rewards_B)
-    c_BK = np.asarray(component_rewards_BK, dtype=np.float64)
-    if c_BK.ndim != 2 or c_BK.shape[0] != np.asarray(rewards_B).shape[0]:
-        raise ValueError(f"component_rewards_BK must be [B, K] with B = {np.asarray(rewards_B).shape[0]}, "
-                         f"got {c_BK.shape}")
-    return c_BK, np.asarray(weights, dtype=np.float64)
-
-
-def _gdpo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                component_rewards_BK, options) -> AdvantageResult:
-    from rlpipe.algorithms.group_advantages import gdpo_advantages
-
-    o = _options("gdpo", options)
-    _need("gdpo", group_index_B=group_index_B, mask_BT=mask_BT)
-    c_BK, w_K = _components("gdpo", component_rewards_BK, rewards_B, o["reward_weights"])
-    m = as_bool_mask(mask_BT)
-    adv_BT = gdpo_advantages(c_BK, group_index_B, m, weights_K=w_K, std_mode=o["std_mode"], eps=o["eps"],
-                             singleton_groups=o["singleton_groups"], whiten_form=o["whiten_form"],
-                             whiten_eps=o["whiten_eps"])
-    _, size_g, _, singleton_g, zero_var_g = _group_stats(_rewards(rewards_B), group_index_B)
-    return _sequence_result(adv_BT, m, {**_group_metrics(size_g, singleton_g, zero_var_g),
-                                        "reward_components": int(c_BK.shape[1])})
-
-
-def _grpo_nts_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                    component_rewards_BK, options) -> AdvantageResult:
-    from rlpipe.algorithms.group_advantages import normalize_then_sum, sequence_zscore
-
-    o = _options("grpo_normalize_then_sum", options)
-    _need("grpo_normalize_then_sum", group_index_B=group_index_B, mask_BT=mask_BT)
-    c_BK, w_K = _components("grpo_normalize_then_sum", component_rewards_BK, rewards_B, o["reward_weights"])
-    summed_B = normalize_then_sum(c_BK, group_index_B, weights_K=w_K, std_mode=o["std_mode"], eps=o["eps"])
-    adv_B = np.nan_to_num(sequence_zscore(summed_B, std_mode=o["std_mode"], eps=o["eps"]), nan=0.0)
-    m = as_bool_mask(mask_BT)
-    _, size_g, _, singleton_g, zero_var_g = _group_stats(_rewards(rewards_B), group_index_B)
-    metrics = {**_group_metrics(size_g, singleton_g, zero_var_g), "reward_components": int(c_BK.shape[1])}
-    return AdvantageResult(np.where(m, adv_B[:, None], 0.0), adv_B, None, metrics)
-
-
-AdvantageEstimator = Callable[..., AdvantageResult]
-
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
-    "grpo": _grpo_entry,
-    "dr_grpo": _dr_grpo_entry,
-    "rloo": _rloo_entry,
-    "reinforce_plus_plus": _reinforce_pp_entry,
-    "gae": _gae_entry,
-    "grpo_passk": _grpo_passk_entry,
-    "reinforce_plus_plus_baseline": _reinforce_pp_baseline_entry,
-    "gdpo": _gdpo_entry,
-    "grpo_normalize_then_sum": _grpo_nts_entry,
-}
-
-
-
-def get_advantage_estimator(name: str) -> AdvantageEstimator:
-    """Look up `ADVANTAGE_ESTIMATORS[name]`; an unknown name raises ValueError listing the valid ones."""
-    try:
-        return ADVANTAGE_ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGE_ESTIMATORS)}") from None

@@ -3,7 +3,7 @@ and unscorable (NaN) rewards.
 
 They build on the group statistics of `rlpipe.algorithms.advantages` (same conventions: `B` sequences,
 integer group ids in any order, `mask_BT` of valid completion tokens, padding exactly 0 in every
-output). The registry there (`ADVANTAGE_ESTIMATORS`) reaches them under "grpo_passk",
+output). The registry (`rlpipe.algorithms.estimators.ADVANTAGE_ESTIMATORS`) reaches them under "grpo_passk",
 "reinforce_plus_plus_baseline", "gdpo" and "grpo_normalize_then_sum".
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Callable
 
 import numpy as np
 
-from rlpipe.algorithms.advantages import (_DDOF, GRPO_STD_MODES, _check_singleton, _group_metrics, _group_stats,
-                                          _groups, _rewards, as_bool_mask, grpo_advantages, whiten)
+from rlpipe.algorithms.advantages import (GRPO_STD_MODES, STD_DDOF, as_bool_mask, as_rewards, check_singleton_groups,
+                                          group_ids, group_metrics, group_stats, grpo_advantages, whiten)
 
 
 def grpo_passk_advantages(rewards_B, group_index_B, *, std_mode: str, eps: float) -> tuple[np.ndarray, dict]:
@@ -28,12 +28,12 @@ def grpo_passk_advantages(rewards_B, group_index_B, *, std_mode: str, eps: float
     Shapes: rewards_B [B], group_index_B [B] ints -> (advantages_B [B] float64, metrics).
     Reference: Chen et al. 2025, Pass@k Training (arXiv:2503.19595); verl `compute_grpo_passk_outcome_advantage`.
     """
-    if std_mode not in _DDOF:
+    if std_mode not in STD_DDOF:
         raise ValueError(f"std_mode must be one of {GRPO_STD_MODES}, got {std_mode!r}")
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    r_B = _rewards(rewards_B)
-    inv_B, size_g, mean_g, singleton_g, zero_var_g = _group_stats(r_B, group_index_B)
+    r_B = as_rewards(rewards_B)
+    inv_B, size_g, mean_g, singleton_g, zero_var_g = group_stats(r_B, group_index_B)
     adv_B = np.zeros_like(r_B)
     learns_g = ~(singleton_g | zero_var_g)
     if learns_g.any():
@@ -42,9 +42,9 @@ def grpo_passk_advantages(rewards_B, group_index_B, *, std_mode: str, eps: float
         best_g, second_g = order[start_g[learns_g]], order[start_g[learns_g] + 1]
         dev_B = r_B - mean_g[inv_B]
         sq_g = np.bincount(inv_B, weights=dev_B**2, minlength=size_g.shape[0])
-        std_g = np.sqrt(sq_g / np.maximum(size_g - _DDOF[std_mode], 1))
+        std_g = np.sqrt(sq_g / np.maximum(size_g - STD_DDOF[std_mode], 1))
         adv_B[best_g] = (r_B[best_g] - r_B[second_g]) / (std_g[learns_g] + eps)
-    return adv_B, _group_metrics(size_g, singleton_g, zero_var_g)
+    return adv_B, group_metrics(size_g, singleton_g, zero_var_g)
 
 
 def reinforce_plus_plus_baseline_advantages(rewards_B, group_index_B, mask_BT, *, singleton_groups: str,
@@ -63,18 +63,18 @@ def reinforce_plus_plus_baseline_advantages(rewards_B, group_index_B, mask_BT, *
     Shapes: rewards_B [B], group_index_B [B], mask_BT [B, T] -> (token_advantages_BT [B, T] float64,
     0 at padding; metrics). Reference: Hu 2025, REINFORCE++ (arXiv:2501.03262).
     """
-    _check_singleton(singleton_groups)
-    r_B = _rewards(rewards_B)
+    check_singleton_groups(singleton_groups)
+    r_B = as_rewards(rewards_B)
     m = as_bool_mask(mask_BT)
     if m.shape[0] != r_B.shape[0]:
         raise ValueError(f"mask_BT has {m.shape[0]} rows, rewards_B has {r_B.shape[0]}")
-    inv_B, size_g, mean_g, singleton_g, zero_var_g = _group_stats(r_B, group_index_B)
+    inv_B, size_g, mean_g, singleton_g, zero_var_g = group_stats(r_B, group_index_B)
     centred_B = r_B - mean_g[inv_B]
     alone_B = singleton_g[inv_B]
     centred_B[alone_B] = r_B[alone_B] if singleton_groups == "uncentered" else 0.0
     centred_B[zero_var_g[inv_B]] = 0.0  # exactly 0, not the float residue of mean - R
     adv_BT = whiten(np.where(m, centred_B[:, None], 0.0), m, form=whiten_form, eps=eps)
-    return adv_BT, _group_metrics(size_g, singleton_g, zero_var_g)
+    return adv_BT, group_metrics(size_g, singleton_g, zero_var_g)
 
 
 def _nan_group_zscore(x_B, inv_B, num_groups, *, ddof: int, eps: float) -> np.ndarray:
@@ -107,7 +107,7 @@ def normalize_then_sum(component_rewards_BK, group_index_B, *, weights_K, std_mo
     Shapes: component_rewards_BK [B, K], group_index_B [B], weights_K [K] -> s_B [B] float64.
     Reference: Liu et al. 2026, GDPO (arXiv:2601.05242).
     """
-    if std_mode not in _DDOF:
+    if std_mode not in STD_DDOF:
         raise ValueError(f"std_mode must be one of {GRPO_STD_MODES}, got {std_mode!r}")
     c_BK = np.asarray(component_rewards_BK, dtype=np.float64)
     w_K = np.asarray(weights_K, dtype=np.float64)
@@ -115,8 +115,8 @@ def normalize_then_sum(component_rewards_BK, group_index_B, *, weights_K, std_mo
         raise ValueError(f"component_rewards_BK must be [B, K] and weights_K [K], got {c_BK.shape}, {w_K.shape}")
     if np.isinf(c_BK).any():
         raise ValueError("component_rewards_BK contains inf")
-    inv_B, size_g = _groups(group_index_B, c_BK.shape[0])
-    z_BK = np.stack([_nan_group_zscore(c_BK[:, k], inv_B, size_g.shape[0], ddof=_DDOF[std_mode], eps=eps)
+    inv_B, size_g = group_ids(group_index_B, c_BK.shape[0])
+    z_BK = np.stack([_nan_group_zscore(c_BK[:, k], inv_B, size_g.shape[0], ddof=STD_DDOF[std_mode], eps=eps)
                      for k in range(c_BK.shape[1])], axis=1) if c_BK.shape[0] else c_BK
     s_B = np.nansum(z_BK * w_K[None, :], axis=1)
     s_B[np.isnan(c_BK).all(axis=1)] = np.nan
@@ -129,10 +129,10 @@ def sequence_zscore(x_B, *, std_mode: str, eps: float) -> np.ndarray:
     x = np.asarray(x_B, dtype=np.float64)
     finite = np.isfinite(x)
     n = int(finite.sum())
-    if n <= _DDOF[std_mode]:
+    if n <= STD_DDOF[std_mode]:
         return np.where(finite, 0.0, np.nan)
     mean = x[finite].mean()
-    std = float(np.std(x[finite], ddof=_DDOF[std_mode]))
+    std = float(np.std(x[finite], ddof=STD_DDOF[std_mode]))
     return np.where(finite, (x - mean) / (std + eps), np.nan) if std + eps > 0 else np.where(finite, 0.0, np.nan)
 
 

@@ -56,7 +56,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     final.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_siblings(final)
     tmp = _temp_sibling(final)
-    _remove(tmp)
+    remove_path(tmp)
     try:
         yield tmp
         if tmp.is_file():
@@ -70,7 +70,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         else:
             os.replace(tmp, final)
     except BaseException:
-        _remove(tmp)
+        remove_path(tmp)
         raise
 
 
@@ -90,10 +90,11 @@ def _remove_stale_siblings(final: Path) -> None:
         for stale in final.parent.glob(prefix + "*"):
             pid = stale.name[len(prefix):]
             if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-                _remove(stale)
+                remove_path(stale)
 
 
-def _remove(path: Path) -> None:
+def remove_path(path: Path) -> None:
+    """Remove a file, a link or a whole directory tree, whichever ``path`` is; nothing if it is absent."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():

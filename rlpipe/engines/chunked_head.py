@@ -1,7 +1,7 @@
 """The chunked LM head: log-probs (and entropies) from chunks of hidden states, no [N, V] float32 tensor.
 
-With autograd on, each chunk is `_ChunkLogprobs`, whose backward recomputes the chunk's logits and
-forms their gradient directly; on CUDA the element-wise work is compiled (`_fused`). Used by
+With autograd on, each chunk is `ChunkLogprobs`, whose backward recomputes the chunk's logits and
+forms their gradient directly; on CUDA the element-wise work is compiled (`fused_on_cuda`). Used by
 `rlpipe.engines.logprobs.completion_logprobs`.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-def _check_plain_lm_head(model: torch.nn.Module) -> None:
+def check_plain_lm_head(model: torch.nn.Module) -> None:
     """Refuse models whose causal-LM forward rescales logits after the head (we apply the head ourselves)."""
     config = getattr(model, "config", None)
     for name, neutral in (("final_logit_softcapping", None), ("logit_scale", 1.0), ("logits_scaling", 1.0)):
@@ -23,13 +23,13 @@ def _check_plain_lm_head(model: torch.nn.Module) -> None:
             )
 
 
-def _logit_stats(
+def logit_stats(
     logits_NV: torch.Tensor, target_N: torch.Tensor, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """log p(target), logsumexp and (optionally) entropy of softmax(logits / temperature), in float32.
 
     log p(target) = z_target - logsumexp(z) needs no [N, V] log-softmax; entropy = logsumexp(z) -
-    sum_v p_v z_v. A pure function: compiled on CUDA into one pass over the bf16 logits (see _fused).
+    sum_v p_v z_v. A pure function: compiled on CUDA into one pass over the bf16 logits (see fused_on_cuda).
     """
     z_NV = logits_NV.float() / temperature
     lse_N = torch.logsumexp(z_NV, dim=-1)
@@ -47,7 +47,7 @@ def _logit_grad(
     """d/d logits of sum(g * log p(target) + g_H * entropy), in the logits' dtype.
 
     With z = logits / T and log p = z - lse: d log p(target)/dz = onehot - p and dH/dz = -p (log p + H),
-    so dz = -p (g + g_H (log p + H)) + g onehot, and d logits = dz / T. Pure, like _logit_stats.
+    so dz = -p (g + g_H (log p + H)) + g onehot, and d logits = dz / T. Pure, like logit_stats.
     """
     logp_NV = logits_NV.float() / temperature - lse_N.unsqueeze(-1)
     coeff_NV = grad_logprob_N.unsqueeze(-1)
@@ -60,7 +60,7 @@ def _logit_grad(
 _FUSED: dict[Callable, Callable] = {}
 
 
-def _fused(fn: Callable, device: torch.device) -> Callable:
+def fused_on_cuda(fn: Callable, device: torch.device) -> Callable:
     """`fn` compiled with torch.compile on CUDA, `fn` itself elsewhere or if compiling fails.
 
     Eager, the head's element-wise work (float32 cast, logsumexp, exp, gather; and in backward the
@@ -89,11 +89,11 @@ def _fused(fn: Callable, device: torch.device) -> Callable:
     return _FUSED[fn]
 
 
-class _ChunkLogprobs(torch.autograd.Function):
+class ChunkLogprobs(torch.autograd.Function):
     """One chunk's log-probs (and entropies) with a hand-written backward that recomputes the chunk's logits.
 
     Saves only the chunk's hidden states and per-row scalars; backward recomputes head(hidden)
-    (same autocast state as forward), forms d logits directly (_logit_grad, fused on CUDA, instead
+    (same autocast state as forward), forms d logits directly (_logit_grad, fused_on_cuda, instead
     of autograd's graph through cast, logsumexp, gather and softmax), then back-propagates it through
     the head. Extra inputs: the head's parameters, so that autograd returns their gradients.
     """
@@ -104,7 +104,7 @@ class _ChunkLogprobs(torch.autograd.Function):
         ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
         ctx.head, ctx.temperature, ctx.n_params = head, temperature, len(params)
         with torch.no_grad():
-            stats = _fused(_logit_stats, hidden_NH.device)
+            stats = fused_on_cuda(logit_stats, hidden_NH.device)
             logprob_N, lse_N, entropy_N = stats(head(hidden_NH), target_N, temperature, with_entropy)
         if entropy_N is None:
             entropy_N = lse_N.new_zeros(0)
@@ -124,8 +124,8 @@ class _ChunkLogprobs(torch.autograd.Function):
             grad_logprob_N = torch.zeros_like(lse_N)
         if entropy_N is None or grad_entropy_N is None:
             entropy_N = grad_entropy_N = None
-        grad_NV = _fused(_logit_grad, lse_N.device)(logits_NV.detach(), target_N, lse_N, entropy_N, grad_logprob_N,
-                                                     grad_entropy_N, ctx.temperature)
+        grad_NV = fused_on_cuda(_logit_grad, lse_N.device)(logits_NV.detach(), target_N, lse_N, entropy_N,
+                                                           grad_logprob_N, grad_entropy_N, ctx.temperature)
         inputs = ([hidden] if ctx.needs_input_grad[0] else []) + params
         grads = list(torch.autograd.grad(logits_NV, inputs, grad_NV, allow_unused=True)) if inputs else []
         grad_hidden = grads.pop(0) if ctx.needs_input_grad[0] else None

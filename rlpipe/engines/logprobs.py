@@ -63,9 +63,9 @@ import torch
 
 from rlpipe.config import compile_layers_wanted  # noqa: F401  (re-exported: the stages import it from here)
 from rlpipe.engines.base import eval_mode
-from rlpipe.engines.chunked_head import _check_plain_lm_head, _ChunkLogprobs, _fused, _logit_stats
-from rlpipe.engines.packed_attention import (PACKED_ATTENTION, _attention_configs, _attention_implementation,
-                                             _register_packed_attention)
+from rlpipe.engines.chunked_head import ChunkLogprobs, check_plain_lm_head, fused_on_cuda, logit_stats
+from rlpipe.engines.packed_attention import (PACKED_ATTENTION, attention_configs, attention_implementation,
+                                             register_packed_attention)
 
 
 def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -248,8 +248,8 @@ def _packed_body(model, batch: PackedBatch) -> tuple[torch.Tensor, ...]:
     """hidden_NH, target_N, row_N, col_N for the N completion tokens of a packed batch."""
     device = batch.input_ids_1T.device
     pred_N, row_N, col_N = (to_device(torch.from_numpy(a), device) for a in _packed_targets(batch))
-    _register_packed_attention()
-    with _attention_implementation(_attention_configs(model), PACKED_ATTENTION):
+    register_packed_attention()
+    with attention_implementation(attention_configs(model), PACKED_ATTENTION):
         hidden_1TH = _final_hidden(
             model, input_ids=batch.input_ids_1T, attention_mask=None, position_ids=batch.position_ids_1T,
             cu_seq_lens_q=batch.cu_seqlens, cu_seq_lens_k=batch.cu_seqlens, max_length_q=batch.max_length,
@@ -284,9 +284,9 @@ def completion_logprobs(
     for start in range(0, hidden_NH.shape[0], chunk_size):
         chunk = (hidden_NH[start:start + chunk_size], target_N[start:start + chunk_size])
         if with_grad:
-            pieces.append(_ChunkLogprobs.apply(*chunk, head, temperature, with_entropy, *params))
+            pieces.append(ChunkLogprobs.apply(*chunk, head, temperature, with_entropy, *params))
         else:
-            logprob_N, _, entropy_N = _fused(_logit_stats, device)(head(chunk[0]), chunk[1], temperature,
+            logprob_N, _, entropy_N = fused_on_cuda(logit_stats, device)(head(chunk[0]), chunk[1], temperature,
                                                                   with_entropy)
             pieces.append((logprob_N, entropy_N))
 
@@ -306,7 +306,7 @@ def completion_hidden(model: torch.nn.Module, batch: TokenBatch | PackedBatch, *
         raise ValueError(f"temperature must be > 0 (use 1.0 for greedy rollouts), got {temperature}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    _check_plain_lm_head(model)
+    check_plain_lm_head(model)
     head = model.get_output_embeddings()
     if head is None:
         raise TypeError(f"{type(model).__name__} has no output embedding (LM head)")
@@ -482,7 +482,7 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> int:
     from torch.distributed._composable import checkpoint as composable_checkpoint
 
     layers = _decoder_layers(model)
-    configs = _attention_configs(model)
+    configs = attention_configs(model)
 
     def context_fn():
         used: list[str] = []
@@ -494,7 +494,7 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> int:
 
         @contextmanager
         def replay() -> Iterator[None]:
-            with _attention_implementation(configs, used):
+            with attention_implementation(configs, used):
                 yield
 
         return record(), replay()

@@ -96,7 +96,7 @@ def packed_attention(module, query_BHTD, key_BHTD, value_BHTD, attention_mask, s
     return out_THD.unsqueeze(0), None
 
 
-def _register_packed_attention() -> None:
+def register_packed_attention() -> None:
     """Make "rlpipe_packed" a valid transformers attention implementation (idempotent).
 
     It is deliberately not registered as a mask implementation: transformers then skips building
@@ -107,7 +107,7 @@ def _register_packed_attention() -> None:
     AttentionInterface.register(PACKED_ATTENTION, packed_attention)
 
 
-def _attention_configs(model: torch.nn.Module) -> list:
+def attention_configs(model: torch.nn.Module) -> list:
     """The distinct config objects of `model` and its submodules that name an attention implementation."""
     configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None
                and hasattr(c, "_attn_implementation")}
@@ -115,7 +115,7 @@ def _attention_configs(model: torch.nn.Module) -> list:
 
 
 @contextmanager
-def _attention_implementation(configs: list, names: str | list[str]) -> Iterator[None]:
+def attention_implementation(configs: list, names: str | list[str]) -> Iterator[None]:
     """Set `configs`' attention implementation(s) to `names` (one for all, or one each), then restore them."""
     names = [names] * len(configs) if isinstance(names, str) else names
     before = [config._attn_implementation for config in configs]

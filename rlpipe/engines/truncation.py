@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from rlpipe.engines.base import eval_mode
-from rlpipe.engines.chunked_head import _ChunkLogprobs, _fused, _logit_stats
+from rlpipe.engines.chunked_head import ChunkLogprobs, fused_on_cuda, logit_stats
 from rlpipe.engines.hf import filter_logits
 from rlpipe.engines.logprobs import (PackedBatch, TokenBatch, completion_grid, completion_hidden, make_packed_batch,
                                      token_budget_batches, unpad)
@@ -98,9 +98,9 @@ def completion_logprobs_truncated(model: torch.nn.Module, batch: TokenBatch | Pa
     for start in range(0, hidden_NH.shape[0], chunk_size):
         h_NH, t_N = hidden_NH[start:start + chunk_size], target_N[start:start + chunk_size]
         if with_grad:
-            logprob_N, entropy_N = _ChunkLogprobs.apply(h_NH, t_N, head, temperature, with_entropy, *params)
+            logprob_N, entropy_N = ChunkLogprobs.apply(h_NH, t_N, head, temperature, with_entropy, *params)
         else:
-            logprob_N, _, entropy_N = _fused(_logit_stats, device)(head(h_NH), t_N, temperature, with_entropy)
+            logprob_N, _, entropy_N = fused_on_cuda(logit_stats, device)(head(h_NH), t_N, temperature, with_entropy)
         full.append(logprob_N)
         entropy.append(entropy_N)
         truncated.append(truncated_target_logprobs(head(h_NH), t_N, kept_N[start:start + chunk_size],
@@ -130,7 +130,7 @@ def batch_kept_sets(model: torch.nn.Module, batch: TokenBatch | PackedBatch, *, 
         t_N = target_N[start:start + chunk_size]
         chunk_sets = kept_sets(logits_NV, t_N, temperature=temperature, top_k=top_k, top_p=top_p)
         pieces["truncated"].append(truncated_target_logprobs(logits_NV, t_N, chunk_sets, temperature=temperature))
-        logprob_N, _, entropy_N = _fused(_logit_stats, hidden_NH.device)(logits_NV, t_N, temperature, True)
+        logprob_N, _, entropy_N = fused_on_cuda(logit_stats, hidden_NH.device)(logits_NV, t_N, temperature, True)
         pieces["full"].append(logprob_N)
         pieces["entropy"].append(entropy_N)
         sets += chunk_sets

@@ -12,11 +12,15 @@ import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlpipe.errors import ArtifactError
+from rlpipe.errors import ArtifactError, ConfigError
 from rlpipe.data.io import CHECKPOINT_INFO, atomic_path, read_policy_version  # noqa: F401  (re-exported for stages)
-from rlpipe.models.lora.adapter import is_adapter_dir, model_dir_of
+from rlpipe.models.lora.adapter import adapter_info, checked_base, is_adapter_dir, model_dir_of, model_hash
+
+if TYPE_CHECKING:
+    from rlpipe.config import LoraConfig
+    from rlpipe.models.lora.peft_model import LoraStart
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -77,8 +81,6 @@ def load_model(path: str | Path, *, device: str, dtype: str) -> Any:
     """The causal LM of a model directory, or of an adapter directory: its base (hash-checked) with the
     adapter applied inside its layers (PEFT, unmerged), as a plain transformers module in inference use."""
     if is_adapter_dir(path):
-        from rlpipe.models.lora.peft_model import load_adapter_model
-
         return load_adapter_model(path, device=device, dtype=dtype).get_base_model()
     p = check_model_dir(path)
     target = DTYPES[dtype]
@@ -245,3 +247,54 @@ def save_checkpoint(model: Any, tokenizer: Any, out_dir: str | Path, *, policy_v
         info = {"policy_version": policy_version, "dtype": dtype,
                 "master_weights": bool(master_weights and target != torch.float32)}
         (tmp / CHECKPOINT_INFO).write_text(json.dumps(info, sort_keys=True) + "\n")
+
+
+# --------------------------------------------------------------------------------------------
+# LoRA adapters over their base (rlpipe/models/lora holds the format and the PEFT wrappers)
+
+
+def load_adapter_model(path: str | os.PathLike, *, device: str, dtype: str, trainable: bool = False,
+                       base: str | os.PathLike | None = None) -> Any:
+    """The PEFT model of adapter directory ``path`` over its base (hash-checked), adapter active.
+
+    ``trainable``: the adapter's weights require grad (train continues it); else inference mode.
+    ``base``: another directory to take the base from (it must have the recorded content hash).
+    """
+    from rlpipe.models.lora.peft_model import apply_adapter
+
+    base_path = checked_base(path, base)
+    model = load_model(base_path, device=device, dtype=dtype)
+    return apply_adapter(model, path, base_path=base_path, device=device, trainable=trainable)
+
+
+def merged_model(path: str | os.PathLike, *, base: str | os.PathLike | None = None) -> torch.nn.Module:
+    """A standalone float32 causal LM: the base with the adapter of ``path`` merged in (a fresh copy, on the CPU)."""
+    peft_model = load_adapter_model(path, device="cpu", dtype="float32", base=base)
+    return peft_model.merge_and_unload()
+
+
+def lora_for_training(policy: str | os.PathLike, lora: LoraConfig, *, device: str,
+                      replaced: list[str | os.PathLike]) -> LoraStart:
+    """The model train optimises with ``train.lora``: the adapter ``policy`` is, continued (its shape must be
+    ``lora``'s), or a fresh adapter over the model directory ``policy``, which becomes the base.
+
+    ``replaced``: paths the pipeline overwrites every iteration (the checkpoint, state/, the overlap
+    store); a base there would vanish under its adapter, so it is refused. The base is loaded from its
+    top-level weights, the ones generate and reference_logprob read (not a float32 ``master/`` copy).
+    """
+    from rlpipe.models.lora.peft_model import LoraStart, check_adapter_matches, wrap_for_training
+
+    if is_adapter_dir(policy):
+        check_adapter_matches(policy, lora)
+        info = adapter_info(policy)
+        peft_model = load_adapter_model(policy, device=device, dtype="float32", trainable=True)
+        return LoraStart(peft_model, Path(info["base_model_path"]), info["base_model_hash"], continued=True)
+    here = Path(policy).resolve()
+    for path in replaced:
+        r = Path(path).resolve()
+        if here == r or r in here.parents:
+            raise ConfigError(f"train.lora: the start model {policy} (policy.latest_path) would become the adapter's "
+                              f"base, but {path} is replaced every iteration; copy it where it stays (e.g. "
+                              f"models/base) and point policy.path and policy.latest_path there")
+    model = load_model(policy, device=device, dtype="float32")
+    return LoraStart(wrap_for_training(model, lora), Path(policy), model_hash(policy), continued=False)

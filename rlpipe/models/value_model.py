@@ -10,6 +10,8 @@ have their own optimisers, learning rates and checkpoints, a reward or value bug
 the policy's representation, and the policy directory stays a plain causal LM that vLLM loads as
 is. The price is a second body in memory during training (see docs/ppo.md for the trade-off).
 
+Its batched forward passes (per-token values, sequence scores) are `rlpipe.engines.scalar_head`.
+
 On disk a scalar-head model is a Hugging Face *base model* directory (config.json + safetensors of
 e.g. ``LlamaModel``), the tokenizer, ``scalar_head.safetensors`` and ``rlpipe.json`` with
 ``kind: scalar_head``. Starting from a plain causal-LM directory (the policy or the SFT model)
@@ -20,20 +22,19 @@ their whole body, so an adapter of their own would save nothing in their stages 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlpipe.engines.base import eval_mode
-from rlpipe.engines.logprobs import TokenBatch, make_token_batch
-from rlpipe.errors import ArtifactError
 from rlpipe.data.io import CHECKPOINT_INFO, atomic_path
-from rlpipe.models.lora.adapter import is_adapter_dir
+from rlpipe.errors import ArtifactError
 from rlpipe.models.loading import DTYPES, check_model_dir
+from rlpipe.models.lora.adapter import is_adapter_dir
+
+if TYPE_CHECKING:  # the batch type only: the batched passes over this model are rlpipe.engines.scalar_head's
+    from rlpipe.engines.logprobs import TokenBatch
 
 HEAD_FILE = "scalar_head.safetensors"
 KIND = "scalar_head"
@@ -72,7 +73,7 @@ def load_scalar_model(path: str | Path, *, seed: int, device: str, dtype: str = 
     from transformers import AutoModel
 
     if is_adapter_dir(path):  # a LoRA policy: its base with the adapter merged into a fresh copy, then its body
-        from rlpipe.models.lora.peft_model import merged_model
+        from rlpipe.models.loading import merged_model
 
         lm = merged_model(path).to(DTYPES[dtype])
         body = getattr(lm, lm.base_model_prefix)
@@ -107,61 +108,3 @@ def save_scalar_model(model: ScalarHeadModel, tokenizer: Any, out_dir: str | Pat
         save_file({k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}, str(tmp / HEAD_FILE))
         tokenizer.save_pretrained(str(tmp))
         (tmp / CHECKPOINT_INFO).write_text(json.dumps({**info, "kind": KIND}, sort_keys=True) + "\n")
-
-
-def completion_values(model: ScalarHeadModel, batch: TokenBatch) -> torch.Tensor:
-    """[B, C] values, zero-padded: column t is read at the position that predicts completion token t."""
-    out_BT = model(batch)
-    n_rows, n_cols = out_BT.shape[0], batch.max_completion_length
-    row_N, pos_N = batch.completion_mask_BT[:, 1:].nonzero(as_tuple=True)
-    prompt_len_B = torch.tensor(batch.prompt_lengths, dtype=torch.long, device=out_BT.device)
-    col_N = pos_N + 1 - prompt_len_B[row_N]
-    grid_BC = torch.zeros((n_rows, n_cols), dtype=torch.float32, device=out_BT.device)
-    return grid_BC.index_put((row_N, col_N), out_BT[row_N, pos_N])
-
-
-def sequence_scores(model: ScalarHeadModel, batch: TokenBatch) -> torch.Tensor:
-    """[B] head output at the last token of each prompt+completion (the reward model's score)."""
-    out_BT = model(batch)
-    last_B = batch.attention_mask_BT.sum(-1) - 1
-    return out_BT[torch.arange(out_BT.shape[0], device=out_BT.device), last_B]
-
-
-def _batches(lengths: Sequence[int], max_tokens_per_batch: int) -> list[list[int]]:
-    """Indices grouped longest first so that rows x longest length stays within the token budget."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    out: list[list[int]] = []
-    for i in order:
-        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= max_tokens_per_batch:
-            out[-1].append(i)
-        else:
-            out.append([i])
-    return out
-
-
-def batched_values(model: ScalarHeadModel, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-                   *, pad_token_id: int, max_tokens_per_batch: int) -> list[np.ndarray]:
-    """No-grad per-token values of every completion, one float32 array each, in input order."""
-    out: list[np.ndarray | None] = [None] * len(prompts)
-    device = next(model.parameters()).device
-    with torch.inference_mode(), eval_mode(model):
-        for idx in _batches([len(p) + len(c) for p, c in zip(prompts, completions)], max_tokens_per_batch):
-            batch = make_token_batch([prompts[i] for i in idx], [completions[i] for i in idx],
-                                     pad_token_id=pad_token_id).to(device)
-            grid = completion_values(model, batch).cpu().numpy()
-            for row, i in enumerate(idx):
-                out[i] = grid[row, : len(completions[i])].copy()
-    return out  # type: ignore[return-value]
-
-
-def batched_scores(model: ScalarHeadModel, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-                   *, pad_token_id: int, max_tokens_per_batch: int) -> np.ndarray:
-    """No-grad sequence scores, float64 [B], in input order."""
-    out = np.zeros(len(prompts), dtype=np.float64)
-    device = next(model.parameters()).device
-    with torch.inference_mode(), eval_mode(model):
-        for idx in _batches([len(p) + len(c) for p, c in zip(prompts, completions)], max_tokens_per_batch):
-            batch = make_token_batch([prompts[i] for i in idx], [completions[i] for i in idx],
-                                     pad_token_id=pad_token_id).to(device)
-            out[idx] = sequence_scores(model, batch).double().cpu().numpy()
-    return out

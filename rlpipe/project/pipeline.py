@@ -21,7 +21,7 @@ import yaml
 
 from rlpipe.config import UNSET_OPTION
 from rlpipe.errors import ConfigError
-from rlpipe.run.iterate import set_params
+from rlpipe.run.params_file import set_params
 from rlpipe.project.sources import UserReward
 
 MODEL_KEYS = ("policy.path", "policy.latest_path", "reference.path", "critic.path", "reward_model.init",

@@ -28,11 +28,14 @@ Run the examples with ``python -m doctest rlpipe/rewards/functions.py`` (pytest 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from decimal import Decimal
-from typing import Callable, Sequence
+from typing import Callable
 
-__all__ = [
+from rlpipe.rewards.base import RewardResult, Sample, batch_reward
+from rlpipe.rewards.code import code_tests
+from rlpipe.rewards.model_reward import reward_model
+
+__all__ = [  # Sample, RewardResult and batch_reward (rlpipe.rewards.base) are re-exported for existing imports
     "Sample",
     "RewardResult",
     "batch_reward",
@@ -43,53 +46,6 @@ __all__ = [
     "environment_reward",
     "REWARD_FUNCTIONS",
 ]
-
-
-@dataclass(frozen=True)
-class Sample:
-    """What one reward call sees: one decoded completion and its prompt's fields."""
-
-    prompt: str  # decoded prompt text
-    completion: str  # decoded completion text, EOS and special tokens stripped; multi-turn: the final model turn
-    answer: str | None  # ground truth from the prompt file; None when the file has none
-    metadata: dict  # extra per-prompt fields (parsed JSON); {} when there are none
-    completion_tokens: int  # number of generated tokens
-    truncated: bool  # hit max_new_tokens without emitting EOS
-    prompt_token_ids: Sequence[int] | None = None  # tokens the sampler conditioned on; None where not known
-    completion_token_ids: Sequence[int] | None = None  # generated tokens, EOS included; None where not known
-    # Multi-turn rollouts (docs/multi-turn.md); None for single-turn ones.
-    turns: Sequence[str] | None = None  # every model turn's text, the last being `completion`
-    tool_calls: Sequence[dict] | None = None  # {turn, name, arguments, status, result} per tool call
-    turn_rewards: Sequence[float | None] | None = None  # the environment's reward after each turn (None: none given)
-
-
-@dataclass(frozen=True)
-class RewardResult:
-    """A reward value with a label of how it came about, e.g. ``RewardResult(0.0, "timeout")``.
-
-    The score stage stores the value like a plain float and counts the labels per reward in its
-    metrics (``details``), so the label must come from a small fixed set: it is a metric key.
-    """
-
-    value: float
-    detail: str  # a short label from a fixed set (<= 64 characters)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.detail, str) or not 0 < len(self.detail) <= 64:
-            raise ValueError(f"RewardResult.detail must be a label of 1 to 64 characters, got {self.detail!r}")
-
-
-def batch_reward(fn: Callable) -> Callable:
-    """Mark ``fn`` as a batch reward: ``fn(samples, **options) -> sequence of floats``, one per sample.
-
-    Why a second kind: a reward that runs a model (`reward_model`) must see many rows at once to
-    batch them, and must load its model once per stage, not once per row. The score stage calls
-    a batch reward once with every row, on its main thread, before the per-row rewards; its
-    values are then combined with theirs row by row. ``score.row_timeout_s`` does not bound it.
-    Usable on a user's ``"package.module:function"`` too.
-    """
-    fn.batch_reward = True
-    return fn
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,10 +248,6 @@ def environment_reward(sample: Sample) -> float:
     """
     return float(sum(r for r in sample.turn_rewards or () if r is not None))
 
-
-# Imported here, after Sample, RewardResult and batch_reward exist: these modules import them from this one.
-from rlpipe.rewards.model_reward import reward_model  # noqa: E402
-from rlpipe.rewards.code import code_tests  # noqa: E402
 
 REWARD_FUNCTIONS: dict[str, Callable[..., float | RewardResult]] = {
     "exact_answer": exact_answer,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlpipe.errors import ArtifactError, ConfigError
-from rlpipe.rewards.functions import Sample, batch_reward
+from rlpipe.rewards.base import Sample, batch_reward
 
 PLACEHOLDER_KIND = "none"  # rlpipe.json kind of train_reward_model's output when there was no preference data
 MODEL_KIND = "scalar_head"  # rlpipe.models.value_model.KIND, repeated here to check a directory without importing torch
@@ -63,7 +63,8 @@ def reward_model(samples: Sequence[Sample], *, path: str, device: str, dtype: st
         if s.prompt_token_ids is None or s.completion_token_ids is None:
             raise ArtifactError(f"reward_model scores token ids, but row {i} has no prompt_token_ids / "
                                 "completion_token_ids (the rows must come from a rollout table)")
-    from rlpipe.models.value_model import batched_scores, load_scalar_model
+    from rlpipe.engines.scalar_head import batched_scores
+    from rlpipe.models.value_model import load_scalar_model
 
     model = load_scalar_model(path, seed=0, device=device, dtype=dtype)  # seed unused: the head is loaded
     prompts = [list(s.prompt_token_ids) for s in samples]

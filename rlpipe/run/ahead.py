@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 
 from rlpipe.config import Params
-from rlpipe.run.iterate import STATE_SAMPLER, set_params
+from rlpipe.run.params_file import set_params
+from rlpipe.run.repo import STATE_SAMPLER
 from rlpipe.run import policies
 
 AHEAD = ".rlpipe/ahead"

@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 import yaml
 
 from rlpipe.config import load_params
-from rlpipe.run.iterate import STATE_POLICY, STATE_REFERENCE, _run, tag_name
+from rlpipe.run.repo import STATE_POLICY, STATE_REFERENCE, run_command, tag_name
 
 WORKTREE = None  # a revision argument meaning "the files on disk, committed or not"
 
@@ -38,12 +38,12 @@ class PruneReport:
 
 def iteration_tags(root: Path) -> list[int]:
     """The iterations that have a tag ``iteration-j``, ascending."""
-    out = _run(["git", "tag", "--list", "iteration-*"], root)
+    out = run_command(["git", "tag", "--list", "iteration-*"], root)
     return sorted(int(m.group(1)) for t in out.split() if (m := re.fullmatch(r"iteration-(\d+)", t)))
 
 
 def cache_dir(root: Path) -> Path:
-    return Path(_run(["dvc", "cache", "dir"], root).strip())
+    return Path(run_command(["dvc", "cache", "dir"], root).strip())
 
 
 def object_path(cache: Path, md5: str) -> Path:
@@ -61,7 +61,7 @@ def _read(root: Path, rev: str | None, path: str) -> str | None:
 def _dvc_files(root: Path, rev: str | None) -> list[str]:
     cmd = (["git", "ls-files", "--cached", "--others", "--exclude-standard"] if rev is WORKTREE
            else ["git", "ls-tree", "-r", "--name-only", rev])
-    return [f for f in _run(cmd, root).splitlines() if f.endswith(".dvc") and not f.startswith(".dvc/")]
+    return [f for f in run_command(cmd, root).splitlines() if f.endswith(".dvc") and not f.startswith(".dvc/")]
 
 
 def revision_outs(root: Path, rev: str | None) -> list[tuple[str, str]]:
@@ -106,7 +106,7 @@ def prune_checkpoints(root: str | Path = ".", *, keep: int, params_file: str = "
     if not old:
         return report
     cache = cache_dir(root)
-    branches = _run(["git", "for-each-ref", "--format=%(objectname)", "refs/heads"], root).split()
+    branches = run_command(["git", "for-each-ref", "--format=%(objectname)", "refs/heads"], root).split()
     whole = [WORKTREE, "HEAD", *branches, *(tag_name(j) for j in kept)]
     protected: set[str] = set()
     for rev in whole:

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from rlpipe.algorithms.advantages import adaptive_kl_beta, get_advantage_estimator, kl_penalized_token_rewards, token_kl
+from rlpipe.algorithms.advantages import adaptive_kl_beta, kl_penalized_token_rewards, token_kl
+from rlpipe.algorithms.estimators import get_advantage_estimator
 from rlpipe.config import AdvantageConfig
 from rlpipe.errors import ArtifactError
-from rlpipe.data.io import Artifact
 
 FILTER_ZERO_VARIANCE = "zero_variance_group"
 FILTER_TRUNCATED = "truncated"
@@ -73,14 +73,6 @@ def kl_controller_state(cfg: AdvantageConfig, kl_B: np.ndarray | None) -> dict[s
     next_beta = (adaptive_kl_beta(k.beta, observed_kl=observed, target_kl=k.target, horizon=k.horizon,
                                   num_samples=int(kl_B.size)) if k.adaptive else k.beta)
     return {**state, "observed_kl": observed, "num_samples": int(kl_B.size), "next_beta": next_beta}
-
-
-def require_critic_values(values: Artifact) -> Artifact:
-    """Refuse a values table the values stage wrote without a critic (for an estimator other than gae)."""
-    if values.metadata.get("critic") is None:
-        raise ArtifactError(f"{values.path}: holds no critic values (written for estimator "
-                            f"{values.metadata.get('estimator')!r}); re-run the values stage for gae")
-    return values
 
 
 def check_finite_rewards(rows: pl.DataFrame, source: str, *, allow_nan: bool = False) -> None:

@@ -32,7 +32,8 @@ from rlpipe.engines.logprobs import make_token_batch
 from rlpipe.errors import TrainingError
 from rlpipe.data.io import CHECKPOINT_INFO, atomic_path
 from rlpipe.rewards.model_reward import PLACEHOLDER_KIND
-from rlpipe.models.value_model import ScalarHeadModel, batched_scores, sequence_scores
+from rlpipe.engines.scalar_head import batched_scores, sequence_scores
+from rlpipe.models.value_model import ScalarHeadModel
 
 # Seed domains: the fresh head, the held-out split and the epoch shuffles draw from independent
 # streams of the one params seed (rlpipe.engines.base.derive_seed(seed, stream)).

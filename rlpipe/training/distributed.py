@@ -245,7 +245,7 @@ def gathered_models(sharded, policy_dir: str, critic_dir: str | None, *, seed: i
     critic_state = sharded.state(sharded.critic)[0] if sharded.critic is not None else None
     if not sharded.dist.is_main:
         return None, None
-    from rlpipe.stages.values import load_critic
+    from rlpipe.models.critic import load_critic
     from rlpipe.models.loading import load_model
 
     model = rebuild() if rebuild is not None else load_model(policy_dir, device="cpu", dtype="float32")

@@ -190,7 +190,7 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
 
 def _critic_loss(critic, batch, data: TrainingData, idx, mask_BC, cfg: TrainConfig, norm: Normalisers
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    from rlpipe.models.value_model import completion_values
+    from rlpipe.engines.scalar_head import completion_values
 
     with autocast(cfg):
         values_BC = completion_values(critic, batch).float()

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from rlpipe.data.io import _remove, atomic_path
+from rlpipe.data.io import atomic_path, remove_path
 
 STATE_FILE = "state.pt"
 _TRASH_PREFIX = ".trash-"  # a state being deleted in the background; never matches train-*
@@ -85,7 +85,7 @@ def save_state(directory: Path, state: dict[str, Any], *, fsync: bool = True) ->
 
 
 def clear_state(directory: Path) -> None:
-    _remove(directory)
+    remove_path(directory)
 
 
 def discard_later(directory: Path) -> None:

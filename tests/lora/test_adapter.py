@@ -9,7 +9,8 @@ import torch
 
 from rlpipe.errors import ArtifactError, ConfigError
 from rlpipe.models.lora.adapter import adapter_info, is_adapter_dir, is_policy_dir, model_hash
-from rlpipe.models.lora.peft_model import merged_model, save_adapter, wrap_for_training
+from rlpipe.models.loading import merged_model
+from rlpipe.models.lora.peft_model import save_adapter, wrap_for_training
 from rlpipe.models.loading import load_model, load_tokenizer, model_eos_token_ids, read_model_config
 
 from tests.lora.conftest import build_base, lora, perturb_adapter

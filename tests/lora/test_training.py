@@ -12,7 +12,8 @@ from rlpipe.engines.base import PromptRequest, SamplingParams, derive_seed
 from rlpipe.engines.hf import HFEngine
 from rlpipe.errors import TrainingError
 from rlpipe.models.lora.adapter import model_hash
-from rlpipe.models.lora.peft_model import lora_for_training, save_adapter
+from rlpipe.models.loading import lora_for_training
+from rlpipe.models.lora.peft_model import save_adapter
 from rlpipe.models.loading import load_model
 from rlpipe.training.loop import train_policy
 from rlpipe.training.objective import TrainingData

@@ -19,8 +19,7 @@ def export_merged(checkpoint: str | os.PathLike, out: str | os.PathLike, *,
     ``base``: take the base from here instead of the recorded path (its content hash must match).
     ``dtype``: of the written weights; auto = the base's. Nothing is written on any error.
     """
-    from rlpipe.models.lora.peft_model import merged_model
-    from rlpipe.models.loading import DTYPES, load_tokenizer, save_checkpoint, stored_dtype
+    from rlpipe.models.loading import DTYPES, load_tokenizer, merged_model, save_checkpoint, stored_dtype
 
     if not is_adapter_dir(checkpoint):
         raise ArtifactError(f"{checkpoint}: not a LoRA adapter directory (no adapter_config.json); a full "

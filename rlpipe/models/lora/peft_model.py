@@ -1,4 +1,4 @@
-"""LoRA with PEFT: wrap a causal LM for training, load an adapter over its base, merge one for export.
+"""LoRA with PEFT: wrap a causal LM for training, put an adapter over its loaded base, save the adapter.
 
 Why PEFT: it is the field's format (TRL, verl, OpenRLHF, prime-rl and vLLM's LoRA loader all read
 ``adapter_config.json`` + ``adapter_model.safetensors``), so an rlpipe adapter is served, merged or
@@ -8,8 +8,9 @@ The adapters live inside the causal LM's own layers (PEFT injects them in place)
 rlpipe runs ``peft_model.get_base_model()``: the same transformers module, forward and LM head as
 a full model, with the adapters applied. The training weights are never merged: a bf16
 merge/unmerge cycle drifts the base (2.4e-4 after one cycle, 1.5e-2 after 1,000; TRL #6688).
-Merging happens only into a fresh float32 copy (`merged_model`: export, a critic's or reward
-model's starting body).
+Merging happens only into a fresh float32 copy (`rlpipe.models.loading.merged_model`: export, a critic's or
+reward model's starting body). Loading a base model is `rlpipe.models.loading`'s: this module wraps models
+it is handed, so the loader may use it without a circle.
 """
 from __future__ import annotations
 
@@ -22,10 +23,9 @@ from typing import Any
 import torch
 
 from rlpipe.config import LoraConfig
-from rlpipe.errors import ArtifactError, ConfigError
 from rlpipe.data.io import CHECKPOINT_INFO, atomic_path
-from rlpipe.models.lora.adapter import (ADAPTER_CONFIG, adapter_config, adapter_info, adapter_record, checked_base,
-                                 is_adapter_dir, model_hash)
+from rlpipe.errors import ArtifactError, ConfigError
+from rlpipe.models.lora.adapter import ADAPTER_CONFIG, adapter_config, adapter_record
 
 ALL_LINEAR = "all-linear"
 
@@ -100,17 +100,12 @@ def check_adapter_matches(path: str | os.PathLike, lora: LoraConfig) -> None:
         raise ConfigError(f"train.lora.target_modules: {list(want)}, but {where} targets {sorted(have)}")
 
 
-def load_adapter_model(path: str | os.PathLike, *, device: str, dtype: str, trainable: bool = False,
-                       base: str | os.PathLike | None = None) -> Any:
-    """The PEFT model of adapter directory ``path`` over its base (hash-checked), adapter active.
+def apply_adapter(model: Any, path: str | os.PathLike, *, base_path: str | os.PathLike, device: str,
+                  trainable: bool = False) -> Any:
+    """The PEFT model of adapter directory ``path`` over ``model``, its loaded base (from ``base_path``).
 
     ``trainable``: the adapter's weights require grad (train continues it); else inference mode.
-    ``base``: another directory to take the base from (it must have the recorded content hash).
     """
-    from rlpipe.models.loading import load_model
-
-    base_path = checked_base(path, base)
-    model = load_model(base_path, device=device, dtype=dtype)
     try:
         peft_model = _peft().PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
     except (OSError, ValueError, KeyError) as e:
@@ -131,33 +126,6 @@ class LoraStart:
         trainable = sum(p.numel() for p in params if p.requires_grad)
         return {"base_model_path": str(self.base_path), "continued": self.continued,
                 "trainable_parameters": int(trainable), "total_parameters": int(sum(p.numel() for p in params))}
-
-
-def lora_for_training(policy: str | os.PathLike, lora: LoraConfig, *, device: str,
-                      replaced: list[str | os.PathLike]) -> LoraStart:
-    """The model train optimises with ``train.lora``: the adapter ``policy`` is, continued (its shape must be
-    ``lora``'s), or a fresh adapter over the model directory ``policy``, which becomes the base.
-
-    ``replaced``: paths the pipeline overwrites every iteration (the checkpoint, state/, the overlap
-    store); a base there would vanish under its adapter, so it is refused. The base is loaded from its
-    top-level weights, the ones generate and reference_logprob read (not a float32 ``master/`` copy).
-    """
-    if is_adapter_dir(policy):
-        check_adapter_matches(policy, lora)
-        info = adapter_info(policy)
-        peft_model = load_adapter_model(policy, device=device, dtype="float32", trainable=True)
-        return LoraStart(peft_model, Path(info["base_model_path"]), info["base_model_hash"], continued=True)
-    here = Path(policy).resolve()
-    for path in replaced:
-        r = Path(path).resolve()
-        if here == r or r in here.parents:
-            raise ConfigError(f"train.lora: the start model {policy} (policy.latest_path) would become the adapter's "
-                              f"base, but {path} is replaced every iteration; copy it where it stays (e.g. "
-                              f"models/base) and point policy.path and policy.latest_path there")
-    from rlpipe.models.loading import load_model
-
-    model = load_model(policy, device=device, dtype="float32")
-    return LoraStart(wrap_for_training(model, lora), Path(policy), model_hash(policy), continued=False)
 
 
 def dropout_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -186,9 +154,3 @@ def save_adapter(peft_model: Any, out_dir: str | os.PathLike, *, policy_version:
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         record = adapter_record(policy_version=policy_version, base_path=base_path, base_hash=base_hash)
         (tmp / CHECKPOINT_INFO).write_text(json.dumps(record, sort_keys=True) + "\n")
-
-
-def merged_model(path: str | os.PathLike, *, base: str | os.PathLike | None = None) -> torch.nn.Module:
-    """A standalone float32 causal LM: the base with the adapter of ``path`` merged in (a fresh copy, on the CPU)."""
-    peft_model = load_adapter_model(path, device="cpu", dtype="float32", base=base)
-    return peft_model.merge_and_unload()

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from rlpipe.rewards.code.cgroups import RowCgroups
-from rlpipe.rewards.code.host import Isolation, SandboxUnavailable, row_uid
+from rlpipe.rewards.code.protections import Isolation, SandboxUnavailable, row_uid
 
 __all__ = ["RUNNER", "SandboxLimits", "CaseRecord", "RowRun", "run_cases"]
 

@@ -39,11 +39,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlpipe.rewards.base import RewardResult, Sample
 from rlpipe.rewards.code import cases as case_formats
-from rlpipe.rewards.code.host import PROTECTIONS, Isolation, SandboxUnavailable, host_isolation, isolation_info
+from rlpipe.rewards.code.host import host_isolation, isolation_info
 from rlpipe.rewards.code.judge import KINDS, judge_case
 from rlpipe.rewards.code.process import CaseRecord, SandboxLimits, run_cases
-from rlpipe.rewards.functions import RewardResult, Sample
+from rlpipe.rewards.code.protections import PROTECTIONS, Isolation, SandboxUnavailable
 
 __all__ = ["KINDS", "RowVerdict", "extract_code", "run_code_tests", "code_tests", "redact"]
 

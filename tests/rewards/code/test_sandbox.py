@@ -23,7 +23,8 @@ import pytest
 
 from rlpipe.rewards.code import host, process
 from rlpipe.rewards.code.cgroups import CgroupHost
-from rlpipe.rewards.code.host import PROTECTIONS, Isolation, SandboxUnavailable, host_isolation
+from rlpipe.rewards.code.host import host_isolation
+from rlpipe.rewards.code.protections import PROTECTIONS, Isolation, SandboxUnavailable
 from rlpipe.rewards.code.reward import redact
 from rlpipe.rewards.functions import RewardResult
 from tests.rewards.code.helpers import (ADD_TESTS, ISOLATION, processes_named, raw, sandbox_processes, score, variant,
