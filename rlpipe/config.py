@@ -14,7 +14,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import yaml
 
@@ -528,13 +528,21 @@ def fine_points(params: Params) -> dict[str, Any]:
     return {k: getattr(getattr(params, k.split(".")[0]), k.split(".")[1]) for k in FINE_POINTS}
 
 
+Need = Callable[[bool, str], None]  # need(condition, message): a ConfigError naming the file unless condition
+
+
 def _check_consistency(params: Params, path: Path) -> None:
-    """Cross-key rules that a single type cannot express."""
+    """Cross-key rules that a single type cannot express, section by section."""
     def need(cond: bool, msg: str) -> None:
         if not cond:
             raise ConfigError(f"{path}: {msg}")
 
-    g, t = params.generate, params.train
+    for rules in (_policy_rules, _generate_rules, _train_rules, _score_rules, _lora_rules, _advantage_rules,
+                  _other_rules):
+        rules(params, need)
+
+
+def _policy_rules(params: Params, need: Need) -> None:
     pol = params.policy
     need(pol.max_staleness >= 0, "policy.max_staleness must be >= 0 (0 = synchronous iterations)")
     need(params.iteration - pol.max_staleness <= pol.version <= params.iteration,
@@ -542,6 +550,10 @@ def _check_consistency(params: Params, path: Path) -> None:
          f"and not newer (got {pol.version})")
     need(pol.version != params.iteration or pol.path == pol.latest_path,
          "policy.latest_path must equal policy.path when policy.version == iteration (the sampler is the newest policy)")
+
+
+def _generate_rules(params: Params, need: Need) -> None:
+    g = params.generate
     need(g.group_size >= 1, "generate.group_size must be >= 1")
     need(g.temperature > 0, "generate.temperature must be > 0 (log-probs are taken from logits / temperature)")
     need(0 < g.top_p <= 1, "generate.top_p must be in (0, 1]")
@@ -559,6 +571,10 @@ def _check_consistency(params: Params, path: Path) -> None:
          "generate.environment.workers, prompts_per_chunk and chunks_in_flight must be >= 1")
     need(e.name is None or e.name.strip() != "", "generate.environment.name must be a name or null")
     need(0.0 <= params.prepare.tiny.tool_use_rate <= 1.0, "prepare.tiny.tool_use_rate must be in [0, 1]")
+
+
+def _train_rules(params: Params, need: Need) -> None:
+    t = params.train
     need(t.micro_batch_size >= 1 and t.minibatch_size >= t.micro_batch_size,
          "train.minibatch_size must be >= train.micro_batch_size >= 1")
     need(t.epochs >= 1, "train.epochs must be >= 1")
@@ -574,18 +590,30 @@ def _check_consistency(params: Params, path: Path) -> None:
         need(getattr(t, key) is None or getattr(t, key) > 0, f"train.{key} must be > 0 or null")
     need(t.eps_low < 1 or (t.policy_loss == "cispo" and t.eps_low == 1),
          "train.eps_low must be < 1 (cispo also takes 1.0: no lower bound)")
-    need(0 <= params.score.max_error_fraction <= 1, "score.max_error_fraction must be in [0, 1]")
-    need(len(params.score.rewards) >= 1, "score.rewards must name at least one reward function")
-    unset = [f"score.rewards[{i}] ({r.name}).options.{k}" for i, r in enumerate(params.score.rewards)
-             for k, v in r.options.items() if v == UNSET_OPTION]
-    need(not unset, f"reward option(s) still {UNSET_OPTION}: {', '.join(unset)}; write a value for each "
-                    "(`rlpipe init` lists every option of your reward function there)")
-    need(params.score.workers >= 1, "score.workers must be >= 1")
-    need(params.score.row_timeout_s is None or params.score.row_timeout_s > 0, "score.row_timeout_s must be > 0 or null")
     need(t.max_skipped_steps >= 0, "train.max_skipped_steps must be >= 0")
     need(t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps must be >= 0 (0 = off)")
     need(t.checkpoint_every_s >= 0, "train.checkpoint_every_s must be >= 0 (0 = off)")
-    lora = t.lora
+    need(t.max_sampler_mismatch is None or t.max_sampler_mismatch > 0, "train.max_sampler_mismatch must be > 0 or null")
+    need(t.tis_cap is None or t.tis_cap > 0, "train.tis_cap must be > 0 or null")
+    need(0 < t.top_entropy_quantile <= 1, "train.top_entropy_quantile must be in (0, 1] (1.0 = every token)")
+    need(t.target_kl is None or t.target_kl > 0, "train.target_kl must be > 0 or null")
+    need(t.critic.value_clip_eps > 0 and t.critic.lr > 0, "train.critic.value_clip_eps and train.critic.lr must be > 0")
+
+
+def _score_rules(params: Params, need: Need) -> None:
+    score = params.score
+    need(0 <= score.max_error_fraction <= 1, "score.max_error_fraction must be in [0, 1]")
+    need(len(score.rewards) >= 1, "score.rewards must name at least one reward function")
+    unset = [f"score.rewards[{i}] ({r.name}).options.{k}" for i, r in enumerate(score.rewards)
+             for k, v in r.options.items() if v == UNSET_OPTION]
+    need(not unset, f"reward option(s) still {UNSET_OPTION}: {', '.join(unset)}; write a value for each "
+                    "(`rlpipe init` lists every option of your reward function there)")
+    need(score.workers >= 1, "score.workers must be >= 1")
+    need(score.row_timeout_s is None or score.row_timeout_s > 0, "score.row_timeout_s must be > 0 or null")
+
+
+def _lora_rules(params: Params, need: Need) -> None:
+    lora = params.train.lora
     need(lora.rank is None or lora.rank >= 0,
          f"train.lora.rank must be >= 1 for LoRA, or 0/null for full fine-tuning (got {lora.rank})")
     need(lora.alpha > 0, f"train.lora.alpha must be > 0 (got {lora.alpha})")
@@ -593,9 +621,9 @@ def _check_consistency(params: Params, path: Path) -> None:
     need(lora.target_modules == "all-linear" if isinstance(lora.target_modules, str) else len(lora.target_modules) > 0,
          f"train.lora.target_modules must be 'all-linear' or a non-empty list of module names "
          f"(got {lora.target_modules!r})")
-    need(t.max_sampler_mismatch is None or t.max_sampler_mismatch > 0, "train.max_sampler_mismatch must be > 0 or null")
-    need(params.reference.refresh_every >= 0, "reference.refresh_every must be >= 0")
-    need(params.iterate.keep_checkpoints >= 0, "iterate.keep_checkpoints must be >= 0 (0 = keep all)")
+
+
+def _advantage_rules(params: Params, need: Need) -> None:
     a = params.advantage
     need(0 <= a.gamma <= 1 and 0 <= a.lam <= 1, "advantage.gamma and advantage.lam must be in [0, 1]")
     need(a.nan_rewards == "error" or not a.uses_token_rewards,
@@ -605,10 +633,11 @@ def _check_consistency(params: Params, path: Path) -> None:
     need(a.kl_in_reward.beta >= 0, "advantage.kl_in_reward.beta must be >= 0")
     need(a.kl_in_reward.target > 0 and a.kl_in_reward.horizon > 0,
          "advantage.kl_in_reward.target and .horizon must be > 0")
-    need(t.tis_cap is None or t.tis_cap > 0, "train.tis_cap must be > 0 or null")
-    need(0 < t.top_entropy_quantile <= 1, "train.top_entropy_quantile must be in (0, 1] (1.0 = every token)")
-    need(t.target_kl is None or t.target_kl > 0, "train.target_kl must be > 0 or null")
-    need(t.critic.value_clip_eps > 0 and t.critic.lr > 0, "train.critic.value_clip_eps and train.critic.lr must be > 0")
+
+
+def _other_rules(params: Params, need: Need) -> None:
+    need(params.reference.refresh_every >= 0, "reference.refresh_every must be >= 0")
+    need(params.iterate.keep_checkpoints >= 0, "iterate.keep_checkpoints must be >= 0 (0 = keep all)")
     r = params.reward_model
     need(r.epochs >= 1 and r.batch_size >= 1, "reward_model.epochs and reward_model.batch_size must be >= 1")
     need(0 <= r.eval_fraction < 1, "reward_model.eval_fraction must be in [0, 1)")

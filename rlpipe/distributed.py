@@ -1,7 +1,7 @@
 """Several processes on one stage: torchrun detection, the process group, who does which share.
 
     torchrun --standalone --nproc_per_node 2 stages/train.py ...              (FSDP2: rlpipe.training.distributed)
-    torchrun --standalone --nproc_per_node 2 stages/reference_logprob.py ...  (data parallel: `score_in_shares`)
+    torchrun --standalone --nproc_per_node 2 stages/reference_logprob.py ...  (data parallel: rlpipe.stages.reference_logprob)
 
 Without torchrun (or with WORLD_SIZE=1) `start` returns None and every stage takes its
 single-process path, unchanged: nothing here runs then.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -93,30 +93,3 @@ def finish(dist: Dist | None) -> None:
     if dist is not None and torch_dist.is_initialized():
         torch_dist.barrier()
         torch_dist.destroy_process_group()
-
-
-def score_in_shares(frame: Any, score: Callable[[Any], Any], dist: Dist, *, max_tokens_per_batch: int,
-                    progress: Callable[[int], None] | None = None) -> Any:
-    """Data-parallel scoring of a rollout frame: on rank 0 the concatenated results, elsewhere None.
-
-    ``score(sub_frame) -> frame`` is the single-process scorer (e.g. rlpipe.stages.reference_logprob's). The rows
-    are cut into the packed token-budget batches that one process would make over the whole frame
-    (`token_budget_batches`, longest first), the batches are dealt round-robin, and each batch is
-    scored by its own ``score`` call: a sequence then shares its batch, and so its floating-point
-    rounding, with exactly the sequences it shares it with in a single process, and the written
-    table is byte-identical. Row order is not kept (write_artifact sorts by key). ``progress``:
-    called on rank 0 with the other ranks' row count once they are gathered.
-    """
-    import polars as pl
-
-    from rlpipe.engines.logprobs import token_budget_batches
-
-    lengths = (frame["prompt_token_ids"].list.len() + frame["completion_token_ids"].list.len()).to_list()
-    batches = token_budget_batches(lengths, max_tokens_per_batch, packed=True)
-    mine = [score(frame[sorted(rows)]) for rows in batches[dist.rank::dist.world_size]]
-    parts = dist.gather(mine)
-    if not dist.is_main:
-        return None
-    if progress is not None:  # ``score`` reported rank 0's own rows; the other ranks' arrive all at once
-        progress(sum(part.height for rank_parts in parts[1:] for part in rank_parts))
-    return pl.concat([part for rank_parts in parts for part in rank_parts])

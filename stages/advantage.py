@@ -6,18 +6,16 @@
 
 The reference log-probs are read only by the estimators with the KL in the reward
 (reinforce_plus_plus, gae), the values only by gae; the KL-controller record is always written.
+The logic is rlpipe/stages/advantage.py.
 """
 import rlpipe.stages.runner as stage  # first: starts the stage clock
 
 import typer
 
-from rlpipe.models.critic import require_critic_values
-from rlpipe.stages.advantage import check_finite_rewards, compute_advantages
-from rlpipe.rewards.registry import component_column
 from rlpipe.config import load_params
-from rlpipe.errors import ArtifactError
-from rlpipe.data.io import join_on_keys, read_artifact, write_artifact, write_json
-from rlpipe.data.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, VALUES
+from rlpipe.data.io import write_artifact, write_json
+from rlpipe.data.schema import ADVANTAGES
+from rlpipe.stages.advantage import compute_advantages, read_rows, reward_weights
 
 app = typer.Typer(add_completion=False)
 
@@ -35,37 +33,17 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     timer = stage.PhaseTimer()
     with timer.phase("setup"):
         p = load_params(params)
-        cfg = p.advantage
-        weights = ({component_column(e.name): e.weight for e in p.score.rewards}
-                   if cfg.uses_reward_components else None)
+        weights = reward_weights(p)
     with timer.phase("read"):
-        roll = read_artifact(rollouts, ROLLOUTS)
-        rows = join_on_keys(roll, read_artifact(scores, SCORES), columns=["reward", *(weights or {})])
-        check_finite_rewards(rows, scores, allow_nan=cfg.nan_rewards == "zero_advantage")
-        wanted = ["prompt_id", "sample_idx", "reward", "completion_length", "truncated", "policy_mask",
-                  "finish_reason", *(weights or {})]
-        if cfg.uses_token_rewards:
-            rows = join_on_keys(roll.with_frame(rows),
-                                read_artifact(_need(ref_logprobs, "--ref-logprobs", cfg.estimator), REF_LOGPROBS),
-                                columns=["ref_logprobs"])
-            wanted += ["sampler_logprobs", "ref_logprobs"]
-        if cfg.needs_critic:
-            table = require_critic_values(read_artifact(_need(values, "--values", cfg.estimator), VALUES))
-            rows = join_on_keys(roll.with_frame(rows), table, columns=["values"])
-            wanted += ["values"]
+        roll, rows = read_rows(p, rollouts=rollouts, scores=scores, ref_logprobs=ref_logprobs, values=values,
+                               weights=weights)
     with timer.phase("compute"):
-        adv, m, kl_state = compute_advantages(rows.select(wanted), cfg, weights)
+        adv, m, kl_state = compute_advantages(rows, p.advantage, weights)
     with timer.phase("write"):
         write_artifact(adv, out, ADVANTAGES, metadata={"policy_version": roll.metadata.get("policy_version")})
         write_json(kl_controller, {**kl_state, "policy_version": roll.metadata.get("policy_version")})
     stage.write_metrics(metrics, "advantage", m, timer)
     stage.summary_line("advantage", rows=m["num_samples"], trained=m["num_trained"], seconds=timer.report()["total"])
-
-
-def _need(path: str | None, option: str, estimator: str) -> str:
-    if not path:
-        raise ArtifactError(f"advantage.estimator {estimator!r} needs {option}")
-    return path
 
 
 if __name__ == "__main__":

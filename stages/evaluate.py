@@ -3,6 +3,8 @@ environment of generate.environment when one is set).
 
     python stages/evaluate.py --params params.yaml --prompts EVAL.parquet --policy CHECKPOINT \
         --out eval_rollouts.parquet --metrics metrics/evaluate.json
+
+The logic is rlpipe/stages/evaluate.py.
 """
 import rlpipe.stages.runner as stage  # first: starts the stage clock
 
@@ -11,11 +13,10 @@ import sys
 import typer
 
 from rlpipe.config import load_params
-from rlpipe.stages.evaluate import evaluate_policy
-from rlpipe.stages.generate import GREEDY_TEMPERATURE, build_engine, check_context, multi_turn_setup, resolve_engine
-from rlpipe.data.io import read_artifact, write_artifact
-from rlpipe.models.loading import load_tokenizer, model_eos_token_ids, read_model_config, read_policy_version, setup_torch
-from rlpipe.data.schema import EVAL_ROLLOUTS, PROMPTS
+from rlpipe.data.io import read_policy_version, write_artifact
+from rlpipe.data.schema import EVAL_ROLLOUTS
+from rlpipe.models.loading import setup_torch
+from rlpipe.stages.evaluate import evaluate_policy, greedy_engine, read_inputs
 
 app = typer.Typer(add_completion=False)
 
@@ -33,27 +34,15 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         cfg = p.evaluate
         setup_torch(p.torch_threads, 0)
     with timer.phase("read"):
-        table = read_artifact(prompts, PROMPTS).frame
-        tokenizer = load_tokenizer(policy)
-        env = p.generate.environment
-        check_context(table, max_new_tokens=env.max_total_tokens if env.multi_turn else cfg.max_new_tokens,
-                      source=prompts,
-                      setting="generate.environment.max_total_tokens" if env.multi_turn else "evaluate.max_new_tokens",
-                      context_length=getattr(read_model_config(policy), "max_position_embeddings", None))
-        eos = model_eos_token_ids(policy, tokenizer)
-        # multi-turn (generate.environment): greedy turns with the same environment and limits as generate
-        setup = multi_turn_setup(p.generate, tokenizer, eos_token_ids=eos, source=policy) if env.multi_turn else None
+        inputs = read_inputs(p, prompts, policy)
     with timer.phase("engine_start"):
-        engine = build_engine(resolve_engine(cfg.engine, cfg.device), device=cfg.device, dtype=cfg.dtype,
-                              batch_size=cfg.batch_size, vllm=p.generate.vllm, temperature=GREEDY_TEMPERATURE,
-                              model_dir=policy, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id,
-                              section="evaluate")
+        engine = greedy_engine(p, policy, inputs)
     version = read_policy_version(policy)
     with timer.phase("compute"):
-        frame, m = evaluate_policy(engine, table, cfg=cfg, score_cfg=p.score,
+        frame, m = evaluate_policy(engine, inputs.prompts, cfg=cfg, score_cfg=p.score,
                                    policy_version=-1 if version is None else version,
-                                   decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                                   multi_turn=setup)
+                                   decode=lambda ids: inputs.tokenizer.decode(ids, skip_special_tokens=True),
+                                   multi_turn=inputs.multi_turn)
         if hasattr(engine, "close"):
             engine.close()  # vllm: stop its worker processes here; stage.run ends with os._exit
     with timer.phase("write"):

@@ -11,18 +11,17 @@ the prompt tables (--model-dir is left alone).
 
 It also writes the reward model's preference table: for the tiny task a synthetic set drawn from
 the train prompts (rlpipe/tiny/preferences.py); for files, ``prepare.files.preferences`` tokenized
-like the prompts, or an empty table when that key is null.
+like the prompts, or an empty table when that key is null. The logic is rlpipe/stages/prepare.py.
 """
 import rlpipe.stages.runner as stage  # first: starts the stage clock
 
 import typer
 
 from rlpipe.config import load_params
-from rlpipe.engines.base import derive_seed
 from rlpipe.data.io import write_artifact
-from rlpipe.models.loading import load_tokenizer, setup_torch
-from rlpipe.stages.prepare import preference_table, prompt_table, read_preference_rows, read_prompt_rows, use_chat_template
 from rlpipe.data.schema import PREFERENCES, PROMPTS
+from rlpipe.models.loading import setup_torch
+from rlpipe.stages import prepare
 
 app = typer.Typer(add_completion=False)
 
@@ -40,41 +39,23 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         p = load_params(params)
         cfg = p.prepare
         setup_torch(p.torch_threads, p.seed)
-    m: dict = {"source": cfg.source}
     if cfg.source == "tiny":
-        from rlpipe.tiny.build import build_tiny_default
-        from rlpipe.tiny.preferences import PREFERENCE_STREAM, make_preference_rows
-
         with timer.phase("compute"):
-            tokenizer, train_rows, eval_rows, tiny_metrics = build_tiny_default(cfg.tiny, seed=p.seed,
-                                                                                 model_dir=model_dir)
-            pref_rows = make_preference_rows(train_rows, num_pairs=cfg.tiny.num_preference_pairs,
-                                             seed=derive_seed(p.seed, PREFERENCE_STREAM))
-        m.update(tiny_metrics)
-        chat = bool(getattr(tokenizer, "chat_template", None))  # the calculator task has its own template
-        sources = ("tiny task (train)", "tiny task (eval)")
-        pref_source = "tiny task (preferences)"
+            sources = prepare.build_tiny_sources(cfg, seed=p.seed, model_dir=model_dir)
     else:
         with timer.phase("read"):
-            tokenizer = load_tokenizer(cfg.files.tokenizer_path)
-            train_rows = read_prompt_rows(cfg.files.train, cfg.files)
-            eval_rows = read_prompt_rows(cfg.files.eval, cfg.files)
-            pref_source = cfg.files.preferences
-            pref_rows = read_preference_rows(pref_source) if pref_source is not None else []
-        chat = use_chat_template(tokenizer, cfg.files.chat_template)
-        sources = (cfg.files.train, cfg.files.eval)
+            sources = prepare.read_file_sources(cfg)
+    chat = sources.chat_template
     with timer.phase("write"):
-        tables = [prompt_table(rows, tokenizer, max_prompt_tokens=cfg.max_prompt_tokens, chat_template=chat,
-                               source=src) for rows, src in zip((train_rows, eval_rows), sources)]
-        write_artifact(tables[0], train_prompts, PROMPTS, metadata={"split": "train", "chat_template": chat})
-        write_artifact(tables[1], eval_prompts, PROMPTS, metadata={"split": "eval", "chat_template": chat})
-        prefs = preference_table(pref_rows, tokenizer, max_prompt_tokens=cfg.max_prompt_tokens, chat_template=chat,
-                                 source=str(pref_source))
-        write_artifact(prefs, preferences, PREFERENCES, metadata={"source": pref_source, "chat_template": chat})
-    m.update({"num_train_prompts": tables[0].height, "num_eval_prompts": tables[1].height,
-              "num_preference_pairs": prefs.height})
+        train, held_out, prefs = prepare.tables(sources, max_prompt_tokens=cfg.max_prompt_tokens)
+        write_artifact(train, train_prompts, PROMPTS, metadata={"split": "train", "chat_template": chat})
+        write_artifact(held_out, eval_prompts, PROMPTS, metadata={"split": "eval", "chat_template": chat})
+        write_artifact(prefs, preferences, PREFERENCES, metadata={"source": sources.preferences_source,
+                                                                  "chat_template": chat})
+    m = {"source": cfg.source, **sources.metrics, "num_train_prompts": train.height,
+         "num_eval_prompts": held_out.height, "num_preference_pairs": prefs.height}
     stage.write_metrics(metrics, "prepare", m, timer)
-    stage.summary_line("prepare", train=tables[0].height, eval=tables[1].height, preference_pairs=prefs.height,
+    stage.summary_line("prepare", train=train.height, eval=held_out.height, preference_pairs=prefs.height,
                        seconds=timer.report()["total"])
 
 

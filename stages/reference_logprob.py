@@ -6,19 +6,21 @@
 Data parallel on several GPUs (each rank scores a share of the batches; byte-identical output):
 
     torchrun --standalone --nproc_per_node 2 stages/reference_logprob.py ...
+
+The logic is rlpipe/stages/reference_logprob.py.
 """
 import rlpipe.stages.runner as stage  # first: starts the stage clock
 
 import typer
 
 from rlpipe.config import load_params
-from rlpipe.distributed import finish, score_in_shares, start
-from rlpipe.engines.logprobs import compile_decoder_layers, compile_layers_wanted, compile_seconds
 from rlpipe.data.io import read_artifact, write_artifact
+from rlpipe.data.schema import REF_LOGPROBS, ROLLOUTS
+from rlpipe.distributed import finish, start
+from rlpipe.engines.logprobs import compile_decoder_layers, compile_layers_wanted, compile_seconds
 from rlpipe.models.loading import load_model, load_tokenizer, setup_torch
 from rlpipe.progress import stage_progress
-from rlpipe.stages.reference_logprob import reference_logprobs, reference_metrics
-from rlpipe.data.schema import REF_LOGPROBS, ROLLOUTS
+from rlpipe.stages.reference_logprob import reference_metrics, reference_table
 
 app = typer.Typer(add_completion=False)
 
@@ -45,13 +47,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
             compile_decoder_layers(model)
     with timer.phase("compute"):
         with stage_progress("reference_logprob", total=roll.frame.height, unit="sequences") as advance:
-            def score(frame):
-                return reference_logprobs(model, frame, cfg, temperature=p.generate.temperature, pad_token_id=pad_id,
-                                          reference_version=p.reference.version, progress=advance)
-
-            ref = (score(roll.frame) if dist is None else
-                   score_in_shares(roll.frame, score, dist, max_tokens_per_batch=cfg.max_tokens_per_batch,
-                                   progress=advance))
+            ref = reference_table(model, roll.frame, cfg, temperature=p.generate.temperature, pad_token_id=pad_id,
+                                  reference_version=p.reference.version, dist=dist, progress=advance)
     timer.move(compile_seconds(), to="compile")
     finish(dist)
     if ref is None:  # under torchrun, ranks other than 0 write nothing

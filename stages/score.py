@@ -1,4 +1,4 @@
-"""DVC stage `score`: reward every rollout with the configured reward functions.
+"""DVC stage `score`: reward every rollout with the configured reward functions (logic: rlpipe/stages/score.py).
 
     python stages/score.py --params params.yaml --rollouts R.parquet --prompts P.parquet \
         --out scores.parquet --metrics metrics/score.json
@@ -8,11 +8,10 @@ import rlpipe.stages.runner as stage  # first: starts the stage clock
 import typer
 
 from rlpipe.config import load_params
-from rlpipe.errors import ArtifactError
 from rlpipe.data.io import read_artifact, write_artifact
-from rlpipe.progress import stage_progress
 from rlpipe.data.schema import PROMPTS, ROLLOUTS, SCORES
-from rlpipe.stages.score import score_rows
+from rlpipe.progress import stage_progress
+from rlpipe.stages.score import rows_to_score, score_rows
 
 app = typer.Typer(add_completion=False)
 
@@ -30,12 +29,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     with timer.phase("read"):
         roll = read_artifact(rollouts, ROLLOUTS)
         prompt_table = read_artifact(prompts, PROMPTS).frame
-    rows = roll.frame.join(prompt_table.select("prompt_id", "prompt", "answer", "metadata"), on="prompt_id",
-                           how="left")
-    missing = rows.filter(rows["prompt"].is_null())
-    if missing.height:
-        raise ArtifactError(f"{rollouts}: {missing.height} row(s) have a prompt_id not in {prompts}, "
-                            f"e.g. {missing['prompt_id'][0]}")
+        rows = rows_to_score(roll, prompt_table, rollouts_path=rollouts, prompts_path=prompts)
     with timer.phase("compute"):
         with stage_progress("score", total=rows.height, unit="rows") as advance:
             scores, m = score_rows(rows, cfg, progress=advance)

@@ -195,3 +195,13 @@ def test_reward_prefixed_columns_are_not_allowed_elsewhere(tmp_path):
         io.write_artifact(df, tmp_path / "rollouts.parquet", ROLLOUTS)
     assert "unexpected column(s) ['reward_exact']" in str(exc.value)
     assert "starting with" not in str(exc.value)
+
+
+def test_schema_doctests_pass():
+    """component_column's examples: a reward's name -> its SCORES column."""
+    import doctest
+
+    from rlpipe.data import schema
+
+    result = doctest.testmod(schema)
+    assert result.attempted >= 2 and result.failed == 0

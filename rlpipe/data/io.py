@@ -121,6 +121,15 @@ def read_policy_version(model_dir: str | os.PathLike) -> int | None:
     return int(json.loads(f.read_text())["policy_version"])
 
 
+def require_critic_values(values: Artifact) -> Artifact:
+    """Refuse a values table the values stage wrote without a critic (for an estimator other than gae): its
+    footer's ``critic`` is null. Advantage and train both read the table."""
+    if values.metadata.get("critic") is None:
+        raise ArtifactError(f"{values.path}: holds no critic values (written for estimator "
+                            f"{values.metadata.get('estimator')!r}); re-run the values stage for gae")
+    return values
+
+
 def read_json(path: str | os.PathLike) -> Any:
     p = Path(path)
     if not p.is_file():

@@ -20,6 +20,7 @@ Conventions
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -161,6 +162,24 @@ SCORES = ArtifactSchema(
     dynamic_dtype=pl.Float64,
     dynamic_doc="reward_<name>: unweighted value of reward component <name>; null when the row errored.",
 )
+
+
+def component_column(spec_name: str) -> str:
+    """The SCORES column of one reward component: ``reward_`` + the function name, in [a-z0-9_].
+
+    Here, with the table it names, so that a stage reading the columns (advantage) needs no reward code.
+
+    >>> component_column("exact_answer")
+    'reward_exact_answer'
+    >>> component_column("my_pkg.rewards:Unit-Tests")
+    'reward_unit_tests'
+    """
+    function_name = spec_name.rpartition(":")[2].rpartition(".")[2]
+    cleaned = re.sub(r"[^a-z0-9_]+", "_", function_name.lower()).strip("_")
+    if not cleaned:
+        raise ValueError(f"reward {spec_name!r} gives no usable column name (need letters or digits)")
+    return SCORES.dynamic_prefix + cleaned
+
 
 REF_LOGPROBS = ArtifactSchema(
     name="ref_logprobs",

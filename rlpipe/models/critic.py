@@ -1,19 +1,15 @@
-"""The PPO critic on disk: loading it for the values stage and the trainer, saving it, and telling a values
-table that holds its values from the placeholder written without one.
+"""The PPO critic on disk: loading it for the values stage and the trainer, and saving it.
 
 The critic is a `rlpipe.models.value_model.ScalarHeadModel`. In the first PPO iteration ``critic.path``
 is a causal-LM directory (usually the policy's start), so the critic gets that body and a fresh
 head; train writes the updated critic, and `rlpipe iterate` points ``critic.path`` at it.
-Torch is imported only by the functions that load or save a model: the advantage stage checks a values
-table here and stays numpy-only.
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from rlpipe.data.io import CHECKPOINT_INFO, Artifact, atomic_path, read_json
-from rlpipe.errors import ArtifactError
+from rlpipe.data.io import CHECKPOINT_INFO, atomic_path, read_json
 
 # The fresh head's seed is derived from the run seed, so two runs with one seed start the same critic.
 HEAD_SEED_OFFSET = 17
@@ -47,11 +43,3 @@ def save_critic(critic_model, tokenizer: Any, out_dir: str, *, version: int, est
         tmp.mkdir(parents=True)
         (tmp / CHECKPOINT_INFO).write_text(json.dumps(
             {"kind": "none", "reason": f"advantage.estimator {estimator!r} trains no critic"}, sort_keys=True) + "\n")
-
-
-def require_critic_values(values: Artifact) -> Artifact:
-    """Refuse a values table the values stage wrote without a critic (for an estimator other than gae)."""
-    if values.metadata.get("critic") is None:
-        raise ArtifactError(f"{values.path}: holds no critic values (written for estimator "
-                            f"{values.metadata.get('estimator')!r}); re-run the values stage for gae")
-    return values

@@ -20,11 +20,11 @@ import inspect
 import math
 import numbers
 import os
-import re
 import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+from rlpipe.data.schema import SCORES, component_column
 from rlpipe.rewards.functions import REWARD_FUNCTIONS, RewardResult, Sample, batch_reward
 from rlpipe.rewards.trl_style import check_trl_options, is_trl_reward, trl_adapter
 
@@ -42,7 +42,7 @@ __all__ = [
     "score_sample_details",
 ]
 
-COLUMN_PREFIX = "reward_"
+COLUMN_PREFIX = SCORES.dynamic_prefix  # "reward_"
 
 
 @dataclass(frozen=True)
@@ -148,21 +148,6 @@ def check_reward_options(fn: Callable[..., float], options: Mapping[str, object]
             f"reward {name!r}: required positional-only parameter(s) {', '.join(unreachable)} "
             "cannot be given as options"
         )
-
-
-def component_column(spec_name: str) -> str:
-    """The Parquet column of one reward component: ``reward_`` + the function name, in [a-z0-9_].
-
-    >>> component_column("exact_answer")
-    'reward_exact_answer'
-    >>> component_column("my_pkg.rewards:Unit-Tests")
-    'reward_unit_tests'
-    """
-    function_name = spec_name.rpartition(":")[2].rpartition(".")[2]
-    cleaned = re.sub(r"[^a-z0-9_]+", "_", function_name.lower()).strip("_")
-    if not cleaned:
-        raise ValueError(f"reward {spec_name!r} gives no usable column name (need letters or digits)")
-    return COLUMN_PREFIX + cleaned
 
 
 def component_columns(specs: Sequence[RewardSpec]) -> dict[str, str]:

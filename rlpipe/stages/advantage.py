@@ -18,7 +18,10 @@ import polars as pl
 
 from rlpipe.algorithms.advantages import adaptive_kl_beta, kl_penalized_token_rewards, token_kl
 from rlpipe.algorithms.estimators import get_advantage_estimator
-from rlpipe.config import AdvantageConfig
+from rlpipe.config import AdvantageConfig, Params
+from rlpipe.data.io import Artifact, join_on_keys, read_artifact
+from rlpipe.data.io import require_critic_values
+from rlpipe.data.schema import REF_LOGPROBS, ROLLOUTS, SCORES, VALUES, component_column
 from rlpipe.errors import ArtifactError
 
 FILTER_ZERO_VARIANCE = "zero_variance_group"
@@ -218,3 +221,42 @@ def _compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights
         metrics["advantage_mean"] = float(flat.mean()) if flat.size else 0.0
         metrics["advantage_abs_mean"] = float(np.abs(flat).mean()) if flat.size else 0.0
     return frame, metrics, kl_state
+
+
+# --------------------------------------------------------------------------------------------
+# the stage's inputs, as stages/advantage.py reads them
+
+
+def reward_weights(p: Params) -> dict[str, float] | None:
+    """The weight of each reward component's column, for the estimators that read components (else None)."""
+    if not p.advantage.uses_reward_components:
+        return None
+    return {component_column(e.name): e.weight for e in p.score.rewards}
+
+
+def _required(path: str | None, option: str, estimator: str) -> str:
+    if not path:
+        raise ArtifactError(f"advantage.estimator {estimator!r} needs {option}")
+    return path
+
+
+def read_rows(p: Params, *, rollouts: str, scores: str, ref_logprobs: str | None, values: str | None,
+              weights: dict[str, float] | None) -> tuple[Artifact, pl.DataFrame]:
+    """The rollouts, and one row per sample with exactly the columns the estimator reads: rewards (checked
+    finite), and the reference log-probs and critic values for the estimators that need them."""
+    cfg = p.advantage
+    roll = read_artifact(rollouts, ROLLOUTS)
+    rows = join_on_keys(roll, read_artifact(scores, SCORES), columns=["reward", *(weights or {})])
+    check_finite_rewards(rows, scores, allow_nan=cfg.nan_rewards == "zero_advantage")
+    wanted = ["prompt_id", "sample_idx", "reward", "completion_length", "truncated", "policy_mask",
+              "finish_reason", *(weights or {})]
+    if cfg.uses_token_rewards:
+        rows = join_on_keys(roll.with_frame(rows),
+                            read_artifact(_required(ref_logprobs, "--ref-logprobs", cfg.estimator), REF_LOGPROBS),
+                            columns=["ref_logprobs"])
+        wanted += ["sampler_logprobs", "ref_logprobs"]
+    if cfg.needs_critic:
+        table = require_critic_values(read_artifact(_required(values, "--values", cfg.estimator), VALUES))
+        rows = join_on_keys(roll.with_frame(rows), table, columns=["values"])
+        wanted += ["values"]
+    return roll, rows.select(wanted)

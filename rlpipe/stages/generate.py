@@ -1,19 +1,23 @@
-"""The generate stage's logic: pick this iteration's prompts, sample G completions each, build the rollout table."""
+"""The generate stage's logic: pick this iteration's prompts, sample G completions each, build the rollout table.
+
+Light to import (no torch, no transformers at import time): `rlpipe run` imports it for the engine settings.
+"""
 from __future__ import annotations
 
 import dataclasses
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import polars as pl
 
-from rlpipe.config import GenerateConfig, VLLMConfig
+from rlpipe.config import GenerateConfig, Params, VLLMConfig
+from rlpipe.data.io import read_artifact, read_policy_version
+from rlpipe.data.schema import PROMPTS, TOOL_CALL
 from rlpipe.engines.base import Completion, GenerationEngine, PromptRequest, SamplingParams, derive_seed
 from rlpipe.errors import ArtifactError, ConfigError
-from rlpipe.data.schema import TOOL_CALL
 
 # Domain tags keep the seed streams of different uses apart (prompt choice vs sampling).
 PROMPT_SELECTION_STREAM = 1
@@ -307,3 +311,77 @@ def rollout_metrics(rollouts: pl.DataFrame, *, multi_turn: bool = False) -> dict
             "tool_call_status": {s: int(n) for s, n in statuses.iter_rows()},
         })
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# the stage's steps, in the order stages/generate.py calls them
+
+
+def check_sampler_dir(policy: str, p: Params) -> None:
+    """Refuse a policy directory whose recorded version is not params' policy.version (a stale hand-over)."""
+    version = read_policy_version(policy)
+    if version is not None and version != p.policy.version:
+        raise ArtifactError(f"{policy}: holds policy version {version} but params policy.version is "
+                            f"{p.policy.version} (iteration {p.iteration}); run `rlpipe iterate` "
+                            "to advance, or fix policy.path")
+
+
+@dataclass
+class GenerateInputs:
+    """This iteration's prompts, the sampler's tokenizer and EOS ids, and for multi-turn the checked setup."""
+
+    prompts: pl.DataFrame
+    tokenizer: Any
+    eos_token_ids: list[int]
+    multi_turn: MultiTurnSetup | None
+
+
+def read_inputs(p: Params, prompts_path: str, policy: str, *, resume_root: str,
+                warn: Callable[[str], None]) -> GenerateInputs:
+    """Pick the prompts, load the tokenizer and check that prompt + completion fit the model's context;
+    for multi-turn also the environment and the chat template: all before any weight is loaded."""
+    from rlpipe.models.loading import load_tokenizer, model_eos_token_ids, read_model_config
+
+    cfg = p.generate
+    table = select_prompts(read_artifact(prompts_path, PROMPTS).frame, count=cfg.prompts_per_iteration,
+                           seed=p.seed, iteration=p.iteration)
+    if cfg.prompts_per_iteration > table.height:
+        warn(f"generate.prompts_per_iteration is {cfg.prompts_per_iteration} but {prompts_path} holds "
+             f"{table.height} prompts: every one is used, {table.height} x {cfg.group_size} samples")
+    tokenizer = load_tokenizer(policy)
+    multi = cfg.environment.multi_turn
+    check_context(table, max_new_tokens=cfg.max_completion_tokens, source=prompts_path,
+                  setting="generate.environment.max_total_tokens" if multi else "generate.max_new_tokens",
+                  context_length=getattr(read_model_config(policy), "max_position_embeddings", None))
+    eos = model_eos_token_ids(policy, tokenizer)
+    setup = multi_turn_setup(cfg, tokenizer, eos_token_ids=eos, source=policy, resume_root=resume_root,
+                             inputs=[prompts_path, policy],
+                             key_params={"seed": p.seed, "iteration": p.iteration, "policy_version": p.policy.version,
+                                         "torch_threads": p.torch_threads}) if multi else None
+    return GenerateInputs(table, tokenizer, eos, setup)
+
+
+def sample(engine: GenerationEngine, inputs: GenerateInputs, p: Params, *,
+           progress: Callable[[int], None] | None = None) -> tuple[pl.DataFrame, int | None]:
+    """The rollout table, and for multi-turn how many finished chunks a killed run had left (else None)."""
+    if inputs.multi_turn is not None:
+        driver = inputs.multi_turn.driver(engine, progress=progress)
+        rollouts = generate_multi_turn(driver, inputs.prompts, seed=p.seed, iteration=p.iteration,
+                                       policy_version=p.policy.version)
+        return rollouts, driver.resumed_chunks
+    from rlpipe.environments.template import tokenizer_hash
+
+    tokenizer = inputs.tokenizer
+    rollouts = generate_rollouts(engine, inputs.prompts, cfg=p.generate, seed=p.seed, iteration=p.iteration,
+                                 policy_version=p.policy.version,
+                                 decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                                 progress=progress, tokenizer_hash=tokenizer_hash(tokenizer))
+    return rollouts, None
+
+
+def rollout_metadata(cfg: GenerateConfig, *, engine: str, policy_version: int) -> dict[str, Any]:
+    """What the rollout table's footer records: the sampler's version and settings, the engine."""
+    sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
+                "max_new_tokens": cfg.max_new_tokens, "group_size": cfg.group_size}
+    extra = {"environment": cfg.environment.name} if cfg.environment.multi_turn else {}
+    return {"policy_version": policy_version, "sampling": sampling, "engine": engine, **extra}

@@ -9,14 +9,15 @@ EOS, so that the reward model is trained on the same token layout it later score
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import polars as pl
 
-from rlpipe.config import PromptFilesConfig
-from rlpipe.errors import ArtifactError, ConfigError
+from rlpipe.config import PrepareConfig, PromptFilesConfig
 from rlpipe.data.io import read_table_file
+from rlpipe.errors import ArtifactError, ConfigError
 
 
 def use_chat_template(tokenizer: Any, mode: str) -> bool:
@@ -152,3 +153,58 @@ def read_preference_rows(path: str | Path) -> list[dict[str, Any]]:
         raise ArtifactError(f"{path}: no preference pairs (empty file); set prepare.files.preferences: null "
                             "when there are none")
     return list(frame.select(PREFERENCE_COLUMNS).iter_rows(named=True))
+
+
+# --------------------------------------------------------------------------------------------
+# the stage's steps, in the order stages/prepare.py calls them
+
+
+@dataclass
+class Sources:
+    """The rows prepare tokenizes, the tokenizer to do it with, and where each set came from."""
+
+    tokenizer: Any
+    train: list[dict[str, Any]]
+    eval: list[dict[str, Any]]
+    preferences: list[dict[str, Any]]
+    names: tuple[str, str]  # (train, eval): the files, or what built them; named in errors
+    preferences_source: str | None  # the preference file or what built the pairs; None: no preference file
+    chat_template: bool
+    metrics: dict[str, Any] = field(default_factory=dict)  # what building the tiny default measured
+
+
+def build_tiny_sources(cfg: PrepareConfig, *, seed: int, model_dir: str) -> Sources:
+    """The embedded default: its tokenizer, tiny model (saved to ``model_dir``), task rows and preference pairs."""
+    from rlpipe.engines.base import derive_seed
+    from rlpipe.tiny.build import build_tiny_default
+    from rlpipe.tiny.preferences import PREFERENCE_STREAM, make_preference_rows
+
+    tokenizer, train_rows, eval_rows, tiny_metrics = build_tiny_default(cfg.tiny, seed=seed, model_dir=model_dir)
+    pref_rows = make_preference_rows(train_rows, num_pairs=cfg.tiny.num_preference_pairs,
+                                     seed=derive_seed(seed, PREFERENCE_STREAM))
+    chat = bool(getattr(tokenizer, "chat_template", None))  # the calculator task has its own template
+    return Sources(tokenizer, train_rows, eval_rows, pref_rows, ("tiny task (train)", "tiny task (eval)"),
+                   "tiny task (preferences)", chat, tiny_metrics)
+
+
+def read_file_sources(cfg: PrepareConfig) -> Sources:
+    """The user's prompt files (and optional preference file), with the tokenizer they are prepared with."""
+    from rlpipe.models.loading import load_tokenizer
+
+    files = cfg.files
+    tokenizer = load_tokenizer(files.tokenizer_path)
+    train_rows = read_prompt_rows(files.train, files)
+    eval_rows = read_prompt_rows(files.eval, files)
+    pref_rows = read_preference_rows(files.preferences) if files.preferences is not None else []
+    return Sources(tokenizer, train_rows, eval_rows, pref_rows, (files.train, files.eval), files.preferences,
+                   use_chat_template(tokenizer, files.chat_template))
+
+
+def tables(sources: Sources, *, max_prompt_tokens: int) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """The train and eval prompt tables and the preference table, tokenized alike."""
+    prompts = [prompt_table(rows, sources.tokenizer, max_prompt_tokens=max_prompt_tokens,
+                            chat_template=sources.chat_template, source=name)
+               for rows, name in zip((sources.train, sources.eval), sources.names)]
+    prefs = preference_table(sources.preferences, sources.tokenizer, max_prompt_tokens=max_prompt_tokens,
+                             chat_template=sources.chat_template, source=str(sources.preferences_source))
+    return prompts[0], prompts[1], prefs

@@ -1,14 +1,16 @@
-"""The reference_logprob stage's logic: per-token log-probs of each completion under pi_ref."""
+"""The reference_logprob stage's logic: per-token log-probs of each completion under pi_ref, in one process
+or data parallel over torchrun's ranks (`score_in_shares`), with byte-identical output."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import polars as pl
 import torch
 
 from rlpipe.config import ReferenceLogprobConfig
-from rlpipe.engines.logprobs import batched_completion_logprobs
+from rlpipe.distributed import Dist
+from rlpipe.engines.logprobs import batched_completion_logprobs, token_budget_batches
 
 _AUTOCAST = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -54,3 +56,39 @@ def reference_metrics(ref: pl.DataFrame, rollouts: pl.DataFrame) -> dict[str, fl
         "ref_logprob_mean": float(sampled_ref.mean()) if sampled_ref.len() else 0.0,
         "kl_sampler_ref_k1": float((sampler_flat - sampled_ref).mean()) if sampled_ref.len() else 0.0,
     }
+
+
+def score_in_shares(frame: Any, score: Callable[[Any], Any], dist: Dist, *, max_tokens_per_batch: int,
+                    progress: Callable[[int], None] | None = None) -> Any:
+    """Data-parallel scoring of a rollout frame: on rank 0 the concatenated results, elsewhere None.
+
+    ``score(sub_frame) -> frame`` is the single-process scorer (`reference_logprobs`). The rows
+    are cut into the packed token-budget batches that one process would make over the whole frame
+    (`token_budget_batches`, longest first), the batches are dealt round-robin, and each batch is
+    scored by its own ``score`` call: a sequence then shares its batch, and so its floating-point
+    rounding, with exactly the sequences it shares it with in a single process, and the written
+    table is byte-identical. Row order is not kept (write_artifact sorts by key). ``progress``:
+    called on rank 0 with the other ranks' row count once they are gathered.
+    """
+    lengths = (frame["prompt_token_ids"].list.len() + frame["completion_token_ids"].list.len()).to_list()
+    batches = token_budget_batches(lengths, max_tokens_per_batch, packed=True)
+    mine = [score(frame[sorted(rows)]) for rows in batches[dist.rank::dist.world_size]]
+    parts = dist.gather(mine)
+    if not dist.is_main:
+        return None
+    if progress is not None:  # ``score`` reported rank 0's own rows; the other ranks' arrive all at once
+        progress(sum(part.height for rank_parts in parts[1:] for part in rank_parts))
+    return pl.concat([part for rank_parts in parts for part in rank_parts])
+
+
+def reference_table(model: Any, rollouts: pl.DataFrame, cfg: ReferenceLogprobConfig, *, temperature: float,
+                    pad_token_id: int, reference_version: int, dist: Dist | None,
+                    progress: Callable[[int], None] | None = None) -> pl.DataFrame | None:
+    """The REF_LOGPROBS rows of ``rollouts``: scored here, or in shares under torchrun (None on ranks but 0)."""
+    def score(frame: pl.DataFrame) -> pl.DataFrame:
+        return reference_logprobs(model, frame, cfg, temperature=temperature, pad_token_id=pad_token_id,
+                                  reference_version=reference_version, progress=progress)
+
+    if dist is None:
+        return score(rollouts)
+    return score_in_shares(rollouts, score, dist, max_tokens_per_batch=cfg.max_tokens_per_batch, progress=progress)

@@ -34,8 +34,9 @@ from typing import Any, Callable, Iterable, Iterator
 import polars as pl
 
 from rlpipe.config import RewardEntry, ScoreConfig
-from rlpipe.errors import ConfigError, InfrastructureError, RlpipeError, ScoringError
-from rlpipe.rewards.functions import Sample
+from rlpipe.data.io import Artifact
+from rlpipe.errors import ArtifactError, ConfigError, InfrastructureError, RlpipeError, ScoringError
+from rlpipe.rewards.base import Sample
 from rlpipe.rewards.registry import (RewardSpec, batch_values, component_columns, is_batch_reward, prepare_rewards,
                                      score_sample_details)
 
@@ -214,3 +215,15 @@ def score_metrics(frame: pl.DataFrame, columns: dict[str, str], errors_by_kind: 
         "errors_by_kind": dict(sorted(errors_by_kind.items())),
         "details": {name: dict(sorted(details[name].items())) for name in columns if name in details},
     }
+
+
+def rows_to_score(rollouts: Artifact, prompts: pl.DataFrame, *, rollouts_path: str, prompts_path: str) -> pl.DataFrame:
+    """Every rollout row with its prompt's text, answer and metadata (what a reward reads); a rollout whose
+    prompt_id the prompt table lacks is an error naming both files."""
+    rows = rollouts.frame.join(prompts.select("prompt_id", "prompt", "answer", "metadata"), on="prompt_id",
+                               how="left")
+    missing = rows.filter(rows["prompt"].is_null())
+    if missing.height:
+        raise ArtifactError(f"{rollouts_path}: {missing.height} row(s) have a prompt_id not in {prompts_path}, "
+                            f"e.g. {missing['prompt_id'][0]}")
+    return rows

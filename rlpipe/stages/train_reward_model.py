@@ -1,7 +1,5 @@
-"""Bradley-Terry reward model training: a scalar head learns to score chosen completions above rejected ones.
-
-    python stages/train_reward_model.py --params params.yaml --preferences PREFS.parquet \
-        --init MODEL_DIR --out RM_DIR --metrics metrics/train_reward_model.json
+"""The train_reward_model stage's logic, Bradley-Terry training: a scalar head learns to score chosen
+completions above rejected ones.
 
 The model is `rlpipe.models.value_model.ScalarHeadModel`: a causal LM's body plus Linear(hidden, 1), read at
 the last token of prompt + completion (the completion ends with EOS, as a rollout that stopped
@@ -28,12 +26,14 @@ import polars as pl
 import torch
 
 from rlpipe.algorithms.losses import bradley_terry_loss
-from rlpipe.engines.logprobs import make_token_batch
-from rlpipe.errors import TrainingError
+from rlpipe.config import RewardModelConfig
 from rlpipe.data.io import CHECKPOINT_INFO, atomic_path
-from rlpipe.rewards.model_reward import PLACEHOLDER_KIND
+from rlpipe.engines.base import derive_seed
+from rlpipe.engines.logprobs import make_token_batch
 from rlpipe.engines.scalar_head import batched_scores, sequence_scores
+from rlpipe.errors import ArtifactError, TrainingError
 from rlpipe.models.value_model import ScalarHeadModel
+from rlpipe.rewards.model_reward import PLACEHOLDER_KIND
 
 # Seed domains: the fresh head, the held-out split and the epoch shuffles draw from independent
 # streams of the one params seed (rlpipe.engines.base.derive_seed(seed, stream)).
@@ -176,3 +176,46 @@ def write_placeholder(out_dir: str | Path, *, reason: str) -> None:
         tmp.mkdir(parents=True)
         (tmp / CHECKPOINT_INFO).write_text(json.dumps({"kind": PLACEHOLDER_KIND, "reason": reason},
                                                       sort_keys=True) + "\n")
+
+
+# --------------------------------------------------------------------------------------------
+# the stage's steps, in the order stages/train_reward_model.py calls them
+
+
+def why_no_model(cfg: RewardModelConfig, *, params: str, preferences: str, num_pairs: int) -> str | None:
+    """Why this run writes a placeholder instead of a model (None: it trains one)."""
+    if not cfg.train:  # why: a fresh project would otherwise train a model that no configured reward reads
+        return f"{params}: reward_model.train is false (set it to true to train a reward model on {preferences})"
+    if num_pairs == 0:
+        return f"{preferences} has no preference pairs (prepare.files.preferences is null)"
+    return None
+
+
+def load_start(init: str, pairs: PreferencePairs, cfg: RewardModelConfig, *, seed: int,
+               preferences: str) -> tuple[Any, ScalarHeadModel]:
+    """The tokenizer and the model to train: --init's body with a seeded fresh head (or a saved reward model);
+    refuses preferences tokenized with a larger vocabulary than the model's."""
+    from rlpipe.models.loading import load_tokenizer
+    from rlpipe.models.value_model import load_scalar_model
+
+    tokenizer = load_tokenizer(init)
+    model = load_scalar_model(init, seed=derive_seed(seed, HEAD_STREAM), device=cfg.device, dtype=cfg.dtype)
+    vocab = model.body.get_input_embeddings().num_embeddings
+    if pairs.max_token_id() >= vocab:
+        raise ArtifactError(f"{preferences}: holds token id {pairs.max_token_id()} but {init} has a vocabulary of "
+                            f"{vocab}; prepare the preferences with the reward model's tokenizer")
+    return tokenizer, model
+
+
+def fit(model: ScalarHeadModel, pairs: PreferencePairs, cfg: RewardModelConfig, train_idx: np.ndarray,
+        eval_idx: np.ndarray, *, seed: int, pad_token_id: int,
+        progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Train on ``train_idx`` (`split_pairs`); the held-out accuracy before and after, and the trainer's numbers."""
+    before = evaluate_pairs(model, pairs, eval_idx, pad_token_id=pad_token_id)
+    train_m = train_bradley_terry(model, pairs, train_idx, epochs=cfg.epochs, batch_size=cfg.batch_size,
+                                  lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
+                                  seed=derive_seed(seed, SHUFFLE_STREAM), pad_token_id=pad_token_id, progress=progress)
+    after = evaluate_pairs(model, pairs, eval_idx, pad_token_id=pad_token_id)
+    return {"kind": "bradley_terry", "num_pairs": len(pairs), "num_train_pairs": len(train_idx),
+            "num_eval_pairs": len(eval_idx), "eval_accuracy_init": before["accuracy"],
+            **{f"eval_{k}": v for k, v in after.items()}, **train_m}

@@ -4,9 +4,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from rlpipe.models.critic import require_critic_values
+from rlpipe.data.io import Artifact, join_on_keys, require_critic_values
 from rlpipe.errors import ArtifactError
-from rlpipe.data.io import Artifact, join_on_keys
 from rlpipe.training.objective import TrainingData
 
 

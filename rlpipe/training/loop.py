@@ -27,6 +27,8 @@ from rlpipe.engines.base import derive_seed
 from rlpipe.engines.logprobs import batched_completion_logprobs
 from rlpipe.engines.truncation import batched_kept_sets, batched_truncated_logprobs
 from rlpipe.errors import TrainingError
+from rlpipe.training.loop_state import (LoopState, kept_from_state, load_module_state, save_due,
+                                        snapshot)
 from rlpipe.training.objective import Normalisers, TrainingData, autocast, micro_batch_loss
 
 # step metrics summarised as means; the last three exist only when their feature is on
@@ -137,6 +139,9 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
                  truncation: tuple[int, float] | None = None) -> TrainResult:
     """Run cfg.epochs x minibatches of updates in place on ``model`` (and ``critic``); see module docstring.
 
+    Three named steps: `start_loop` (optimizers and pi_old's log-probs, or a resume state), `run_epochs`
+    (the optimizer steps, saving resume states), `loop_result` (log-probs after training, the metrics).
+
     ``critic``: a `rlpipe.models.value_model.ScalarHeadModel` trained alongside the actor (gae), with its
     own AdamW (``train.critic.lr``) and gradient clip; ``data`` then carries old values and returns.
     A step whose loss or gradient norm is NaN/inf is skipped (no optimizer step, gradients zeroed)
@@ -164,13 +169,31 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
     """
     if (critic is None) != (data.returns is None):
         raise ValueError("a critic needs returns and old values in the training data, and returns need a critic")
+    state = start_loop(model, critic, data, cfg, resume=resume, truncation=truncation, temperature=temperature,
+                       pad_token_id=pad_token_id, dist=dist)
+    if check_old is not None:
+        check_old(state.old)
+    data.old_logprobs = state.old
+    entropy_threshold = _entropy_mask(data, state.old_entropy, cfg)
+    if progress is not None and state.done:
+        progress(state.done)
+    run_epochs(model, critic, data, cfg, state, seed=seed, iteration=iteration, temperature=temperature,
+               pad_token_id=pad_token_id, max_length=max_length, resume=resume, save_state=save_state,
+               progress=progress, dist=dist)
+    return loop_result(model, critic, data, cfg, state, temperature=temperature, pad_token_id=pad_token_id,
+                       entropy_threshold=entropy_threshold, dist=dist)
+
+
+def start_loop(model, critic, data: TrainingData, cfg: TrainConfig, *, resume: dict[str, Any] | None,
+               truncation: tuple[int, float] | None, temperature: float, pad_token_id: int, dist) -> LoopState:
+    """The optimizers (AdamW, one per model) and pi_old's log-probs: recomputed with no dropout (they must
+    equal pi_theta's at the first step), or everything restored from a resume state."""
     model.eval()  # no dropout: the recomputed old log-probs must equal pi_theta's at the first step
     optimizer = _adamw([p for p in model.parameters() if p.requires_grad], cfg, cfg.lr)
     critic_optimizer = None
     if critic is not None:
         critic.eval()
         critic_optimizer = _adamw(critic.parameters(), cfg, cfg.critic.lr)
-    stopped = False
     if resume is None:
         if truncation is not None:  # one pass gives the kept sets, both old log-probs and the entropies
             old, old_entropy = _keep_sampling_mask(model, data, cfg, truncation, temperature=temperature, dist=dist)
@@ -178,56 +201,33 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
             with torch.no_grad():
                 old, old_entropy = _all_logprobs(model, data, cfg, temperature=temperature,
                                                  pad_token_id=pad_token_id, with_entropy=True, dist=dist)
-        done, skipped, steps = 0, 0, []
-    else:  # pi_old's log-probs come from the state: the model there has already moved
-        _load_state(model, optimizer, resume["model"], resume["optimizer"], dist)
-        if critic is not None:
-            _load_state(critic, critic_optimizer, resume["critic"], resume["critic_optimizer"], dist)
-        old = [t.numpy() for t in resume["old_logprobs"]]
-        old_entropy = [t.numpy() for t in resume["old_entropy"]]
-        if truncation is not None:
-            data.old_logprobs_full = [t.numpy() for t in resume["old_logprobs_full"]]
-            data.kept = _kept_from_state(resume["kept"])
-        done, skipped, steps = int(resume["step"]), int(resume["skipped_steps"]), list(resume["steps"])
-        stopped = bool(resume.get("stopped", False))
-        if "rng" in resume:  # LoRA dropout draws from torch's global generator
-            torch.set_rng_state(resume["rng"])
-    if check_old is not None:
-        check_old(old)
-    data.old_logprobs = old
-    entropy_threshold = _entropy_mask(data, old_entropy, cfg)
+        return LoopState(optimizer, critic_optimizer, old, old_entropy)
+    # pi_old's log-probs come from the state: the model there has already moved
+    load_module_state(model, optimizer, resume["model"], resume["optimizer"], dist)
+    if critic is not None:
+        load_module_state(critic, critic_optimizer, resume["critic"], resume["critic_optimizer"], dist)
+    state = LoopState(optimizer, critic_optimizer, [t.numpy() for t in resume["old_logprobs"]],
+                      [t.numpy() for t in resume["old_entropy"]], done=int(resume["step"]),
+                      skipped=int(resume["skipped_steps"]), steps=list(resume["steps"]),
+                      stopped=bool(resume.get("stopped", False)))
+    if truncation is not None:
+        data.old_logprobs_full = [t.numpy() for t in resume["old_logprobs_full"]]
+        data.kept = kept_from_state(resume["kept"])
+    if "rng" in resume:  # LoRA dropout draws from torch's global generator
+        torch.set_rng_state(resume["rng"])
+    return state
+
+
+def run_epochs(model, critic, data: TrainingData, cfg: TrainConfig, state: LoopState, *, seed: int, iteration: int,
+               temperature: float, pad_token_id: int, max_length: int, resume: dict[str, Any] | None,
+               save_state: Callable[[dict[str, Any]], None] | None, progress: Any, dist) -> None:
+    """Every optimizer step still to take: per epoch a seeded shuffle of the trainable rows, cut into
+    minibatches; each minibatch is one step. Updates ``state``; saves resume states when due."""
     trainable = np.flatnonzero(data.trainable)
     per_epoch = math.ceil(len(trainable) / cfg.minibatch_size)
-    if progress is not None and done:
-        progress(done)
     last_save = time.monotonic()
-
-    def save_due(step: int) -> bool:
-        """Whether to save after ``step`` (0-based): by step count, by time, or because the loop stops early.
-
-        Under torchrun every rank must take part in gathering the state, so rank 0's clock decides for all.
-        """
-        by_steps = bool(cfg.checkpoint_every_steps) and (step + 1) % cfg.checkpoint_every_steps == 0
-        by_time = bool(cfg.checkpoint_every_s) and time.monotonic() - last_save >= cfg.checkpoint_every_s
-        if dist is not None and cfg.checkpoint_every_s:
-            by_time = dist.dist.gather(by_time)[0]
-        return by_steps or by_time or (stopped and bool(cfg.checkpoint_every_steps or cfg.checkpoint_every_s))
-
-    def snapshot(step: int, epoch: int, order) -> dict[str, Any]:
-        model_state, optimizer_state = _state(model, optimizer, dist)
-        state = {"step": step, "skipped_steps": skipped, "steps": steps, "epoch": epoch, "stopped": stopped,
-                 "order": torch.as_tensor(order), "model": model_state, "optimizer": optimizer_state,
-                 "old_logprobs": [torch.as_tensor(x) for x in old],
-                 "old_entropy": [torch.as_tensor(x) for x in old_entropy], "rng": torch.get_rng_state()}
-        if data.kept is not None:
-            state["old_logprobs_full"] = [torch.as_tensor(x) for x in data.old_logprobs_full]
-            state["kept"] = _kept_to_state(data.kept)
-        if critic is not None:
-            state.update(zip(("critic", "critic_optimizer"), _state(critic, critic_optimizer, dist)))
-        return state
-
-    for epoch in range(done // per_epoch if per_epoch else cfg.epochs, cfg.epochs):
-        if stopped:
+    for epoch in range(state.done // per_epoch if per_epoch else cfg.epochs, cfg.epochs):
+        if state.stopped:
             break
         gen = torch.Generator().manual_seed(derive_seed(seed, SHUFFLE_STREAM, iteration, epoch))
         order = trainable[torch.randperm(len(trainable), generator=gen).numpy()]
@@ -235,29 +235,36 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
             order = resume["order"].numpy()
         for start in range(0, len(order), cfg.minibatch_size):
             step = epoch * per_epoch + start // cfg.minibatch_size
-            if step < done:
+            if step < state.done:
                 continue
-            record = _optimizer_step(model, critic, (optimizer, critic_optimizer), data,
+            record = _optimizer_step(model, critic, (state.optimizer, state.critic_optimizer), data,
                                      order[start:start + cfg.minibatch_size], cfg, temperature=temperature,
                                      pad_token_id=pad_token_id, max_length=max_length, step=step, epoch=epoch,
                                      dist=dist)
             if record is None:
-                skipped += 1
-                if skipped > cfg.max_skipped_steps:
+                state.skipped += 1
+                if state.skipped > cfg.max_skipped_steps:
                     raise TrainingError(
-                        f"{skipped} optimizer steps had a non-finite loss or gradient norm (last: epoch {epoch}, "
-                        f"step {step}), more than train.max_skipped_steps={cfg.max_skipped_steps}; no checkpoint "
-                        "was written (check rewards, advantages and log-probs for NaN/inf)")
+                        f"{state.skipped} optimizer steps had a non-finite loss or gradient norm (last: epoch "
+                        f"{epoch}, step {step}), more than train.max_skipped_steps={cfg.max_skipped_steps}; no "
+                        "checkpoint was written (check rewards, advantages and log-probs for NaN/inf)")
             else:
-                steps.append(record)
-                stopped = cfg.target_kl is not None and record["approx_kl"] > cfg.target_kl
+                state.steps.append(record)
+                state.stopped = cfg.target_kl is not None and record["approx_kl"] > cfg.target_kl
             if progress is not None:
                 progress(1)
-            if save_state is not None and save_due(step):
-                save_state(snapshot(step + 1, epoch, order))
+            if save_state is not None and save_due(cfg, step=step, last_save=last_save, stopped=state.stopped,
+                                                   dist=dist):
+                save_state(snapshot(model, critic, data, state, step=step + 1, epoch=epoch, order=order, dist=dist))
                 last_save = time.monotonic()
-            if stopped:
+            if state.stopped:
                 break
+
+
+def loop_result(model, critic, data: TrainingData, cfg: TrainConfig, state: LoopState, *, temperature: float,
+                pad_token_id: int, entropy_threshold: float | None, dist) -> TrainResult:
+    """pi_theta's log-probs after the updates (on pi_old's kept sets with the keep sampling mask) and the
+    loop's metrics: the step means, what moved, what was skipped or stopped."""
     with torch.no_grad():
         if data.kept is not None:  # on pi_old's supports, like the old log-probs they are compared with
             truncated_of = (batched_truncated_logprobs if dist is None
@@ -269,25 +276,20 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
         else:
             new, _ = _all_logprobs(model, data, cfg, temperature=temperature, pad_token_id=pad_token_id,
                                    with_entropy=False, dist=dist)
-    metrics = {**_summary(steps, data, old, new, old_entropy), "skipped_steps": skipped,
-               "early_stopped": stopped, "planned_optimizer_steps": count_optimizer_steps(len(trainable), cfg)}
+    old, trainable = state.old, np.flatnonzero(data.trainable)
+    metrics = {**_summary(state.steps, data, old, new, state.old_entropy), "skipped_steps": state.skipped,
+               "early_stopped": state.stopped, "planned_optimizer_steps": count_optimizer_steps(len(trainable), cfg)}
     if entropy_threshold is not None:
         metrics["high_entropy_threshold"] = entropy_threshold
     metrics["keep_sampling_mask"] = data.kept is not None
     if data.kept is not None:  # how much of pi_old the sampler's support held, on average over tokens
         keep = np.concatenate([data.policy_values(data.old_logprobs_full, i) - data.policy_values(old, i)
-                               for i in np.flatnonzero(data.trainable)] or [[]])
+                               for i in trainable] or [[]])
         metrics["sampling_kept_mass_mean"] = float(np.exp(keep).mean()) if keep.size else 1.0
     if critic is not None:
-        metrics.update(_critic_summary(steps, data))
-    return TrainResult(metrics=metrics, steps=steps, old_logprobs=old, old_entropy=old_entropy, new_logprobs=new)
-
-
-def _frozen(module) -> set[str]:
-    """State-dict keys of the parameters that do not train (a LoRA run's base weights): left out of resume
-    states. By identity, so that a tied weight's second name (lm_head.weight) goes too."""
-    frozen = {id(p) for p in module.parameters() if not p.requires_grad}
-    return {key for key, value in module.state_dict(keep_vars=True).items() if id(value) in frozen}
+        metrics.update(_critic_summary(state.steps, data))
+    return TrainResult(metrics=metrics, steps=state.steps, old_logprobs=old, old_entropy=state.old_entropy,
+                       new_logprobs=new)
 
 
 def _keep_sampling_mask(model, data: TrainingData, cfg: TrainConfig, truncation: tuple[int, float], *,
@@ -303,20 +305,6 @@ def _keep_sampling_mask(model, data: TrainingData, cfg: TrainConfig, truncation:
     data.old_logprobs_full = old_full
     data.kept = kept
     return old, entropy
-
-
-def _kept_to_state(kept) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Kept sets as (ids, sizes) int32 tensors per sequence: a resume state holds tensors only."""
-    return [(torch.from_numpy(np.concatenate(row) if row else np.zeros(0, np.int32)),
-             torch.tensor([len(ids) for ids in row], dtype=torch.int32)) for row in kept]
-
-
-def _kept_from_state(state) -> list[list[np.ndarray]]:
-    out = []
-    for ids, sizes in state:
-        bounds = np.concatenate([[0], np.cumsum(sizes.numpy())])
-        out.append([ids.numpy()[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
-    return out
 
 
 def _entropy_mask(data: TrainingData, old_entropy: list[np.ndarray], cfg: TrainConfig) -> float | None:
@@ -336,24 +324,6 @@ def _entropy_mask(data: TrainingData, old_entropy: list[np.ndarray], cfg: TrainC
         keep = [k & m for k, m in zip(keep, data.policy_mask)]
     data.entropy_keep = keep
     return threshold
-
-
-def _state(module, optimizer, dist) -> tuple[dict[str, Any], dict[str, Any]]:
-    if dist is None:
-        frozen = _frozen(module)
-        return {k: v for k, v in module.state_dict().items() if k not in frozen}, optimizer.state_dict()
-    return dist.state(module, optimizer)
-
-
-def _load_state(module, optimizer, module_state, optimizer_state, dist) -> None:
-    if dist is None:
-        missing, unexpected = module.load_state_dict(module_state, strict=False)
-        if unexpected or set(missing) - _frozen(module):
-            raise TrainingError(f"the resume state does not fit the model: unexpected {unexpected[:5]}, "
-                                f"missing {sorted(set(missing) - _frozen(module))[:5]}")
-        optimizer.load_state_dict(optimizer_state)
-    else:
-        dist.load_state(module, optimizer, module_state, optimizer_state)
 
 
 def _optimizer_step(model, critic, optimizers, data, minibatch, cfg, *, temperature, pad_token_id, max_length,

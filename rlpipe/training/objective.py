@@ -106,6 +106,25 @@ def _kl_to_reference(logp_BC, old_BC, ref_BC, cfg: TrainConfig) -> torch.Tensor:
     return get_kl_estimator(cfg.kl_estimator)(logp_BC, ref_BC, **clamps)
 
 
+def _policy_forward(model, batch, data: TrainingData, idx: Sequence[int], cfg: TrainConfig, *, temperature: float,
+                    dist) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """pi_theta's float32 log-probs [B, C] for the ratio (on pi_old's kept sets with the keep sampling mask),
+    over the full softmax for the KL (the same tensor without the mask), and the entropies (None unless the
+    entropy bonus is on)."""
+    with autocast(cfg):
+        if data.kept is not None:  # keep sampling mask: the ratio on pi_old's support, the KL on the full softmax
+            truncated_of = completion_logprobs_truncated if dist is None else dist.completion_logprobs_truncated
+            full_BC, entropy_BC, logp_BC = truncated_of(
+                model, batch, [data.kept[i] for i in idx], temperature=temperature, chunk_size=cfg.chunk_size,
+                with_entropy=cfg.entropy_coef > 0)
+        else:
+            logprobs_of = completion_logprobs if dist is None else dist.completion_logprobs
+            logp_BC, entropy_BC = logprobs_of(model, batch, temperature=temperature, chunk_size=cfg.chunk_size,
+                                              with_entropy=cfg.entropy_coef > 0)
+            full_BC = logp_BC
+    return logp_BC.float(), full_BC.float(), entropy_BC
+
+
 def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg: TrainConfig, *, temperature: float,
                      pad_token_id: int, norm_for, dist=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Loss of one micro-batch (already scaled for accumulation) and its health statistics.
@@ -118,18 +137,7 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
     """
     prompts, completions = [data.prompt_token_ids[i] for i in idx], [data.completion_token_ids[i] for i in idx]
     batch = make_packed_batch(prompts, completions).to(cfg.device)  # one unpadded row: no work on padding
-    logprobs_of = completion_logprobs if dist is None else dist.completion_logprobs
-    with autocast(cfg):
-        if data.kept is not None:  # keep sampling mask: the ratio on pi_old's support, the KL on the full softmax
-            truncated_of = completion_logprobs_truncated if dist is None else dist.completion_logprobs_truncated
-            full_BC, entropy_BC, logp_BC = truncated_of(
-                model, batch, [data.kept[i] for i in idx], temperature=temperature, chunk_size=cfg.chunk_size,
-                with_entropy=cfg.entropy_coef > 0)
-        else:
-            logp_BC, entropy_BC = logprobs_of(model, batch, temperature=temperature, chunk_size=cfg.chunk_size,
-                                              with_entropy=cfg.entropy_coef > 0)
-            full_BC = logp_BC
-    logp_BC, full_BC = logp_BC.float(), full_BC.float()
+    logp_BC, full_BC, entropy_BC = _policy_forward(model, batch, data, idx, cfg, temperature=temperature, dist=dist)
     width, device = logp_BC.shape[1], logp_BC.device
     lengths_B = to_device(torch.tensor(batch.completion_lengths), device)
     mask_BC = torch.arange(width, device=device)[None, :] < lengths_B[:, None]
