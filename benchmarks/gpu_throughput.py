@@ -56,7 +56,6 @@ import torch  # noqa: E402
 
 import rlpipe.engines.chunked_head as chunked_head  # noqa: E402
 import rlpipe.engines.logprobs as lp  # noqa: E402
-from rlpipe.engines.packed_attention import _flash_varlen, _sdpa_per_sequence  # noqa: E402
 from rlpipe.engines.logprobs import (  # noqa: E402
     batched_completion_logprobs,
     completion_logprobs,
@@ -65,6 +64,7 @@ from rlpipe.engines.logprobs import (  # noqa: E402
     make_token_batch,
     token_budget_batches,
 )
+from rlpipe.engines.packed_attention import _flash_varlen, _sdpa_per_sequence  # noqa: E402
 from rlpipe.training.loop import _optimizer_step, cut_micro_batches  # noqa: E402
 from rlpipe.training.objective import TrainingData  # noqa: E402
 

@@ -43,10 +43,10 @@ def build_adapter(work: Path, rank: int) -> None:
     import torch
 
     from rlpipe.config import LoraConfig
+    from rlpipe.models.loading import load_model
     from rlpipe.models.lora.adapter import model_hash
     from rlpipe.models.lora.export import export_merged
     from rlpipe.models.lora.peft_model import save_adapter, wrap_for_training
-    from rlpipe.models.loading import load_model
 
     lora = LoraConfig(rank=rank, alpha=32.0, dropout=0.0, target_modules="all-linear", train_lm_head=False,
                       train_embeddings=False)

@@ -53,8 +53,8 @@ def clone(dest: Path, prepared: Path | None, seed: int) -> Path:
             src, out = prepared / rel, dest / rel
             out.parent.mkdir(parents=True, exist_ok=True)
             (shutil.copytree if src.is_dir() else shutil.copyfile)(src, out)
-        from rlpipe.stages.headline import headline, headline_path
         from rlpipe.data.io import read_json, write_json
+        from rlpipe.stages.headline import headline, headline_path
 
         short = dest / headline_path(PREPARED[1])  # written again: a warm start may predate the headline files
         short.parent.mkdir(parents=True, exist_ok=True)

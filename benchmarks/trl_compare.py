@@ -42,9 +42,9 @@ STEPS_PER_ITERATION = 32
 def selected_prompts(prepared: Path, iterations: int) -> list[dict]:
     """Every iteration's prompts as rlpipe's generate stage draws them, iteration after iteration."""
     from rlpipe.config import load_params
-    from rlpipe.stages.generate import select_prompts
     from rlpipe.data.io import read_artifact
     from rlpipe.data.schema import PROMPTS
+    from rlpipe.stages.generate import select_prompts
 
     p = load_params(REPO / "params.yaml")
     table = read_artifact(prepared / "artifacts/prepare/train_prompts.parquet", PROMPTS).frame

@@ -72,11 +72,11 @@ def main() -> None:
     import numpy as np
     import polars as pl
 
+    from rlpipe.data.io import write_artifact
+    from rlpipe.data.schema import ROLLOUTS
     from rlpipe.engines.base import PromptRequest, SamplingParams, derive_seed
     from rlpipe.engines.vllm import VLLMEngine, vllm_seed
     from rlpipe.stages.generate import rollout_frame
-    from rlpipe.data.io import write_artifact
-    from rlpipe.data.schema import ROLLOUTS
 
     work = Path(tempfile.mkdtemp(prefix="vllm_bench_"))
     max_len = args.prompt_len + args.max_new_tokens + 16

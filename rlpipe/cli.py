@@ -384,9 +384,9 @@ def inspect(
                                                              "(exact values on hover, per-token tables)"),
 ) -> None:
     """Join an iteration's artifacts on (prompt_id, sample_idx) and show statistics and colour-coded rollouts."""
+    from rlpipe.reports.html import inspect_html
     from rlpipe.reports.inspect import inspect_data
     from rlpipe.reports.terminal import print_inspect
-    from rlpipe.reports.html import inspect_html
 
     _show(lambda: inspect_data(target, eval_view=eval_view, where=where, sort=sort, descending=desc, show=show,
                                prompt_ids=prompt_id, color_by=color_by, tokenizer=tokenizer, rev=rev),
@@ -405,8 +405,8 @@ def diff(
 ) -> None:
     """What changed between two iterations: metrics, and held-out prompts that flipped wrong->right and back."""
     from rlpipe.reports.diff import diff_data
-    from rlpipe.reports.terminal import print_diff
     from rlpipe.reports.html import diff_html
+    from rlpipe.reports.terminal import print_diff
 
     _show(lambda: diff_data(a, b, repo=repo, show=show), to_html=diff_html, to_terminal=print_diff, html=html,
           as_json=as_json)

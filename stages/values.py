@@ -38,8 +38,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         stage.write_metrics(metrics, "values", {"critic": False, "num_samples": 0}, timer)
         stage.summary_line("values", critic="none", estimator=p.advantage.estimator)
         return
-    from rlpipe.stages.values import critic_values, values_metrics
     from rlpipe.models.loading import setup_torch
+    from rlpipe.stages.values import critic_values, values_metrics
 
     with timer.phase("compute"):
         setup_torch(p.torch_threads, p.seed)

@@ -16,9 +16,9 @@ from pathlib import Path
 import polars as pl
 import yaml
 
-from rlpipe.stages.generate import single_turn_columns
 from rlpipe.data.io import write_artifact, write_json
 from rlpipe.data.schema import (ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS)
+from rlpipe.stages.generate import single_turn_columns
 
 EOS = 2
 CHAR_IDS = {c: i for i, c in enumerate(sorted("0123456789+="), start=4)}  # the tiny char tokenizer's ids

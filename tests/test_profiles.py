@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from rlpipe.algorithms.advantages import SINGLETON_GROUPS, WHITEN_FORMS
-from rlpipe.algorithms.kl import KL_CLAMP_SCOPES
 from rlpipe.algorithms.aggregation import TOKEN_MEAN_SCOPES
+from rlpipe.algorithms.kl import KL_CLAMP_SCOPES
 from rlpipe.profiles import FINE_POINTS, MATCHING_DEFAULTS, PROFILE_NOTES, PROFILES, profile_settings
 
 REPO = Path(__file__).resolve().parents[1]

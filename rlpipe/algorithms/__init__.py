@@ -80,8 +80,8 @@ __all__ = [name for names in _EXPORTS.values() for name in names]
 
 if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
     from rlpipe.algorithms.advantages import *  # noqa: F401,F403
-    from rlpipe.algorithms.estimators import *  # noqa: F401,F403
     from rlpipe.algorithms.aggregation import *  # noqa: F401,F403
+    from rlpipe.algorithms.estimators import *  # noqa: F401,F403
     from rlpipe.algorithms.kl import *  # noqa: F401,F403
     from rlpipe.algorithms.losses import *  # noqa: F401,F403
 

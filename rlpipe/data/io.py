@@ -18,8 +18,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rlpipe.errors import ArtifactError
 from rlpipe.data.schema import METADATA_KEY, SCHEMA_VERSION, ArtifactSchema
+from rlpipe.errors import ArtifactError
 
 PARQUET_COMPRESSION = "zstd"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from rlpipe.data.io import CHECKPOINT_INFO, atomic_path
 from rlpipe.errors import ArtifactError, ConfigError
-from rlpipe.data.io import CHECKPOINT_INFO, atomic_path, read_policy_version  # noqa: F401  (re-exported for stages)
 from rlpipe.models.lora.adapter import adapter_info, checked_base, is_adapter_dir, model_dir_of, model_hash
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ to float32 (exact), ``d = m - r`` lies in [-0x8000, 0x8000] (same sign: the diff
 magnitudes' bits). Stored as int16, d covers [-0x8000, 0x7fff]; the one value beyond, d = +0x8000
 (a tie rounded down to an even ``r``), wraps to -0x8000 and its index is recorded ("ties": about
 one weight in 131,072). A tensor whose difference does not fit (a NaN whose rounding changed its
-sign) is kept as full float32 instead. `join` is the exact inverse of `split` (tests/test_checkpoint.py).
+sign) is kept as full float32 instead. `join` is the exact inverse of `split` (tests/models/test_checkpoint.py).
 """
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ import yaml
 
 from rlpipe.config import UNSET_OPTION
 from rlpipe.errors import ConfigError
-from rlpipe.run.params_file import set_params
 from rlpipe.project.sources import UserReward
+from rlpipe.run.params_file import set_params
 
 MODEL_KEYS = ("policy.path", "policy.latest_path", "reference.path", "critic.path", "reward_model.init",
               "prepare.files.tokenizer_path")

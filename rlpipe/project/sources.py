@@ -19,8 +19,8 @@ import polars as pl
 import yaml
 
 from rlpipe.config import UNSET_OPTION
-from rlpipe.errors import ArtifactError, ConfigError
 from rlpipe.data.io import read_table_file
+from rlpipe.errors import ArtifactError, ConfigError
 
 TABLE_SUFFIXES = (".parquet", ".jsonl", ".ndjson", ".csv")
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import polars as pl
 
-from rlpipe.errors import ArtifactError
 from rlpipe.data.io import read_artifact, read_json
-from rlpipe.reports import sources
 from rlpipe.data.schema import EVAL_ROLLOUTS, PROMPTS
+from rlpipe.errors import ArtifactError
+from rlpipe.reports import sources
 
 HIGHER, LOWER = "higher", "lower"  # which way a metric is better; None: a change to read, not to judge
 # (label, stage, keys in metrics/<stage>.json (the first present wins), direction). KL, clip fraction,

@@ -23,13 +23,13 @@ from typing import Any
 import polars as pl
 
 from rlpipe.data.decode import TokenDecoder, fallback_pieces, find_decoder
-from rlpipe.errors import ArtifactError
 from rlpipe.data.io import Artifact, join_on_keys, read_artifact, read_metadata
+from rlpipe.data.schema import (ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS,
+                           get_schema)
+from rlpipe.errors import ArtifactError
 from rlpipe.reports import sources
 from rlpipe.reports.selection import informative_order, one_sample_per_prompt
 from rlpipe.reports.turn_view import turn_records, turn_summary
-from rlpipe.data.schema import (ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS,
-                           get_schema)
 
 KEYS = ("prompt_id", "sample_idx")
 # (role, params.yaml `paths` key, schema) of one iteration, the first being the table joined onto.

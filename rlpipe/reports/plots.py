@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlpipe.errors import RlpipeError
 from rlpipe.data.io import atomic_path
+from rlpipe.errors import RlpipeError
 
 # The template lives in rlpipe's own git- and DVC-ignored folder: it is 0.9 MB of generated code,
 # the same on every machine that installed the same vl-convert-python, and no business of git.

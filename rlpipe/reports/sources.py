@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from rlpipe.errors import ArtifactError
 from rlpipe.data.io import Artifact, read_artifact
 from rlpipe.data.schema import ArtifactSchema
+from rlpipe.errors import ArtifactError
 
 
 def git(repo: Path, *args: str) -> subprocess.CompletedProcess:

@@ -8,6 +8,7 @@ the `code_tests` reward; `model_reward` scores with a trained reward model in ba
 No torch at import: the score stage must start fast (`reward_model` imports it when called).
 """
 
+from rlpipe.rewards.code import code_tests
 from rlpipe.rewards.functions import (
     REWARD_FUNCTIONS,
     RewardResult,
@@ -19,6 +20,7 @@ from rlpipe.rewards.functions import (
     format_regex,
     length_penalty,
 )
+from rlpipe.rewards.model_reward import reward_model
 from rlpipe.rewards.registry import (
     RewardSpec,
     batch_values,
@@ -31,8 +33,6 @@ from rlpipe.rewards.registry import (
     score_sample,
     score_sample_details,
 )
-from rlpipe.rewards.model_reward import reward_model
-from rlpipe.rewards.code import code_tests
 
 __all__ = [
     "REWARD_FUNCTIONS",

@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 
 from rlpipe.config import Params
+from rlpipe.run import policies
 from rlpipe.run.params_file import set_params
 from rlpipe.run.repo import STATE_SAMPLER
-from rlpipe.run import policies
 
 AHEAD = ".rlpipe/ahead"
 # Never carried into the scratch copy: this iteration's records (hidden entries are skipped too).

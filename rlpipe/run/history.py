@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlpipe.errors import ArtifactError
 from rlpipe.data.io import atomic_path
+from rlpipe.errors import ArtifactError
 
 HISTORY_CSV = "iterations.csv"  # under paths.plots_dir; dvc.yaml's top-level plots name this file
 

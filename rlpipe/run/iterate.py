@@ -33,10 +33,10 @@ from typing import Any
 import yaml
 
 from rlpipe.config import Params, load_params
-from rlpipe.errors import RlpipeError
-from rlpipe.run.history import HISTORY_CSV, write_history_csv
 from rlpipe.data.io import atomic_path, read_json, read_policy_version
+from rlpipe.errors import RlpipeError
 from rlpipe.run import dvc, policies, record
+from rlpipe.run.history import HISTORY_CSV, write_history_csv
 from rlpipe.run.params_file import set_params
 from rlpipe.run.repo import STATE_CRITIC, STATE_POLICY, STATE_REFERENCE, STATE_SAMPLER, run_command, tag_name
 

@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 from rlpipe.config import Params, load_params
 from rlpipe.errors import RlpipeError
+from rlpipe.run import dvc, policies
 from rlpipe.run.iterate import advance, finish_interrupted_start, handover_started
 from rlpipe.run.params_file import set_params
-from rlpipe.run import dvc, policies
 
 def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "params.yaml", commit: bool = True,
                    servers: bool = True, max_staleness: int | None = None,

@@ -12,8 +12,8 @@ import os
 import shutil
 from pathlib import Path
 
-from rlpipe.errors import RlpipeError
 from rlpipe.data.io import atomic_path, read_policy_version
+from rlpipe.errors import RlpipeError
 from rlpipe.models.lora.adapter import is_policy_dir
 
 STORE = ".rlpipe/policies"

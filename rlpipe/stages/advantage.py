@@ -19,8 +19,7 @@ import polars as pl
 from rlpipe.algorithms.advantages import adaptive_kl_beta, kl_penalized_token_rewards, token_kl
 from rlpipe.algorithms.estimators import get_advantage_estimator
 from rlpipe.config import AdvantageConfig, Params
-from rlpipe.data.io import Artifact, join_on_keys, read_artifact
-from rlpipe.data.io import require_critic_values
+from rlpipe.data.io import Artifact, join_on_keys, read_artifact, require_critic_values
 from rlpipe.data.schema import REF_LOGPROBS, ROLLOUTS, SCORES, VALUES, component_column
 from rlpipe.errors import ArtifactError
 

@@ -35,9 +35,9 @@ from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable, Iterator  # noqa: E402
 
+from rlpipe.data.io import write_json  # noqa: E402
 from rlpipe.errors import RlpipeError  # noqa: E402
 from rlpipe.stages.headline import headline, headline_path  # noqa: E402
-from rlpipe.data.io import write_json  # noqa: E402
 
 
 class PhaseTimer:

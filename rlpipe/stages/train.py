@@ -16,14 +16,14 @@ from typing import Any, Callable
 import polars as pl
 
 from rlpipe.config import Params, fine_points
-from rlpipe.data.io import read_artifact, write_artifact
+from rlpipe.data.io import read_artifact, read_policy_version, write_artifact
 from rlpipe.data.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS, VALUES
 from rlpipe.distributed import Dist
 from rlpipe.engines.logprobs import compile_decoder_layers, compile_layers_wanted, enable_gradient_checkpointing
 from rlpipe.errors import ArtifactError, ConfigError
 from rlpipe.models.critic import load_critic, save_critic
-from rlpipe.models.loading import (load_tokenizer, load_trainable_model, lora_for_training, read_policy_version,
-                                   save_checkpoint, stored_dtype)
+from rlpipe.models.loading import (load_tokenizer, load_trainable_model, lora_for_training, save_checkpoint,
+                                   stored_dtype)
 from rlpipe.models.lora.adapter import is_adapter_dir
 from rlpipe.training.data import check_policy_version, training_data, training_frame
 from rlpipe.training.loop import TrainResult, count_optimizer_steps, sampling_truncation, train_policy

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rlpipe.errors import ConfigError
 from rlpipe.data.io import atomic_path
+from rlpipe.errors import ConfigError
 
 STATE_FILE = ".rlpipe/tracking.json"
 DVCLIVE_DIR = "dvclive"  # dvclive/iterations (step = iteration) and dvclive/steps (step = global optimizer step)

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from rlpipe.errors import TrainingError
 from rlpipe.data.io import atomic_path
+from rlpipe.errors import TrainingError
 from rlpipe.training.loop import TrainResult
 
 STEP_COLUMNS = ("step", "epoch", "loss", "grad_norm", "lr", "sequences", "tokens", "approx_kl", "clip_fraction",

@@ -6,13 +6,6 @@ import sys
 import numpy as np
 import pytest
 
-from rlpipe.algorithms.group_advantages import (
-    exclude_unscorable,
-    gdpo_advantages,
-    grpo_passk_advantages,
-    normalize_then_sum,
-    reinforce_plus_plus_baseline_advantages,
-)
 from rlpipe.algorithms.advantages import (
     adaptive_kl_beta,
     dr_grpo_advantages,
@@ -29,6 +22,13 @@ from rlpipe.algorithms.estimators import (
     ADVANTAGE_ESTIMATORS,
     AdvantageResult,
     get_advantage_estimator,
+)
+from rlpipe.algorithms.group_advantages import (
+    exclude_unscorable,
+    gdpo_advantages,
+    grpo_passk_advantages,
+    normalize_then_sum,
+    reinforce_plus_plus_baseline_advantages,
 )
 
 REWARDS = [1.0, 0.8, 0.4, 0.2]  # ALGORITHMS.md worked example; mean 0.6, deviations +-0.4, +-0.2

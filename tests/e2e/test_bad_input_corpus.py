@@ -272,8 +272,8 @@ def test_bad_lora_params_are_refused_naming_the_key(ws, updates, needle):  # noq
 def test_an_adapter_over_a_base_with_another_hash_is_refused(ws, stage, option):  # noqa: F811
     """Every stage that loads a policy refuses an adapter whose recorded base hash is not its base's."""
     from rlpipe.config import LoraConfig
-    from rlpipe.models.lora.peft_model import save_adapter, wrap_for_training
     from rlpipe.models.loading import load_model
+    from rlpipe.models.lora.peft_model import save_adapter, wrap_for_training
 
     base = ws / "artifacts/prepare/model"
     lora = LoraConfig(rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear", train_lm_head=False,

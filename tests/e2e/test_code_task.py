@@ -9,9 +9,9 @@ import sys
 import polars as pl
 import pytest
 
-from rlpipe.stages.generate import single_turn_columns
 from rlpipe.data.io import read_artifact, write_artifact
 from rlpipe.data.schema import PROMPTS, ROLLOUTS, SCORES
+from rlpipe.stages.generate import single_turn_columns
 from rlpipe.tiny.tokenizer import build_char_tokenizer
 from tests.code_task import PROBLEMS, completion, write_prompt_file
 from tests.e2e.conftest import make_project, run

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from rlpipe.run.commands import stage_commands
 from rlpipe.data.io import read_artifact, read_json
 from rlpipe.data.schema import TRAIN_TOKEN_STATS
+from rlpipe.run.commands import stage_commands
 from tests.e2e.conftest import edit_params, run
 
 pytestmark = pytest.mark.slow

@@ -14,9 +14,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from rlpipe.run.commands import stage_commands
 from rlpipe.data.io import read_artifact
 from rlpipe.data.schema import ADVANTAGES, EVAL_ROLLOUTS, REF_LOGPROBS, ROLLOUTS, TRAIN_TOKEN_STATS
+from rlpipe.run.commands import stage_commands
 from tests.e2e.conftest import edit_params, env, make_project, run
 from tests.e2e.test_stage_errors import generate_args, invoke, nothing_written, ws  # noqa: F401
 

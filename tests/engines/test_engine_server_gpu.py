@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from tests.lora.conftest import lora, perturb_adapter
+from tests.models.lora.conftest import lora, perturb_adapter
 from tests.varied_tiny import varied_tiny_llama
 
 pytestmark = pytest.mark.gpu
@@ -99,9 +99,9 @@ def test_served_samples_equal_an_engine_of_the_same_weights_and_follow_each_poli
 
 def _adapter(root, name: str, seed: int) -> str:
     """A rank-8 all-linear adapter over root/a with random B (so it changes the samples), saved as train saves one."""
+    from rlpipe.models.loading import load_model
     from rlpipe.models.lora.adapter import model_hash
     from rlpipe.models.lora.peft_model import save_adapter, wrap_for_training
-    from rlpipe.models.loading import load_model
 
     peft_model = wrap_for_training(load_model(root / "a", device="cpu", dtype="float32"), lora(rank=8, alpha=16.0))
     perturb_adapter(peft_model, seed=seed, scale=0.1)

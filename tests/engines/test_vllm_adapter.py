@@ -18,13 +18,13 @@ import polars as pl
 import pytest
 
 from rlpipe.config import load_params
+from rlpipe.data.io import read_artifact, validate_frame, write_artifact
+from rlpipe.data.schema import ROLLOUTS
 from rlpipe.engines import vllm as vllm_engine
 from rlpipe.engines.base import Completion, GenerationEngine, PromptRequest, SamplingParams, derive_seed
 from rlpipe.engines.vllm import VLLMEngine, replica_gpu_ids, shard_bounds, to_completion, vllm_sampling_kwargs
 from rlpipe.errors import ConfigError
 from rlpipe.stages.generate import choose_engine, generate_rollouts, make_engine, rollout_frame
-from rlpipe.data.io import read_artifact, validate_frame, write_artifact
-from rlpipe.data.schema import ROLLOUTS
 
 EOS = 2
 VOCAB = 20

@@ -14,8 +14,8 @@ from rlpipe.stages.reference_logprob import reference_metrics
 from rlpipe.stages.score import score_rows
 from rlpipe.training.loop import train_policy
 from rlpipe.training.objective import Normalisers, micro_batch_loss
-from tests.test_advantage_stage import cfg as advantage_cfg
-from tests.test_scoring import cfg as score_cfg
+from tests.stages.test_advantage import cfg as advantage_cfg
+from tests.stages.test_score import cfg as score_cfg
 from tests.training.test_loop import PAD, config, make_data, tiny_model
 
 # ---------------------------------------------------------------------------------------------

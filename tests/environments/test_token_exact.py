@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rlpipe.data.io import read_artifact, write_artifact
+from rlpipe.data.schema import ROLLOUTS
 from rlpipe.engines.base import SamplingParams
 from rlpipe.engines.hf import HFEngine
 from rlpipe.engines.logprobs import batched_completion_logprobs
 from rlpipe.stages.generate import generate_multi_turn
-from rlpipe.data.io import read_artifact, write_artifact
-from rlpipe.data.schema import ROLLOUTS
 from rlpipe.tiny.model import build_tiny_llama
 from rlpipe.training.data import training_data
 from tests.environments.conftest import make_driver, prompts_frame

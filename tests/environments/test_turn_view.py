@@ -5,13 +5,13 @@ import io
 
 from rich.console import Console
 
-from rlpipe.environments.calculator import CalculatorEnvironment
-from rlpipe.stages.generate import generate_multi_turn
-from rlpipe.reports.inspect import inspect_data
 from rlpipe.data.io import write_artifact
-from rlpipe.reports.html import inspect_html
-from rlpipe.reports.terminal import print_inspect
 from rlpipe.data.schema import ROLLOUTS
+from rlpipe.environments.calculator import CalculatorEnvironment
+from rlpipe.reports.html import inspect_html
+from rlpipe.reports.inspect import inspect_data
+from rlpipe.reports.terminal import print_inspect
+from rlpipe.stages.generate import generate_multi_turn
 from tests.environments.conftest import ScriptedEngine, make_driver, prompts_frame
 
 

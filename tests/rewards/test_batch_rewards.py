@@ -11,7 +11,7 @@ from rlpipe.rewards import REWARD_FUNCTIONS, is_batch_reward
 from rlpipe.rewards.functions import Sample
 from rlpipe.rewards.registry import RewardSpec, batch_values, prepare_rewards, score_sample_details
 from rlpipe.stages.score import score_rows
-from tests.test_scoring import rows  # the same score-stage rows
+from tests.stages.test_score import rows  # the same score-stage rows
 
 USER_MODULE = '''
 from rlpipe.rewards import batch_reward

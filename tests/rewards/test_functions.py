@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from rlpipe.rewards import functions
+from rlpipe.rewards.code import code_tests
 from rlpipe.rewards.functions import (
     REWARD_FUNCTIONS,
     Sample,
@@ -17,7 +18,6 @@ from rlpipe.rewards.functions import (
     length_penalty,
 )
 from rlpipe.rewards.model_reward import reward_model
-from rlpipe.rewards.code import code_tests
 
 
 def make(completion="", answer=None, tokens=1, truncated=False):

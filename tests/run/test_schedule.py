@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from rlpipe.config import load_params
-from rlpipe.errors import ArtifactError, ConfigError, RlpipeError
 from rlpipe.data.io import Artifact
+from rlpipe.errors import ArtifactError, ConfigError, RlpipeError
 from rlpipe.run import policies
 from rlpipe.run.ahead import _without_sections, next_sampling_params, prefetchable, sampled_ahead
 from rlpipe.training.data import check_policy_version

@@ -15,11 +15,11 @@ import torch
 import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from rlpipe.config import LoraConfig
 from rlpipe.distributed import Dist, finish, start
+from rlpipe.models.value_model import ScalarHeadModel
 from rlpipe.training.loop import train_policy
 from rlpipe.training.objective import Normalisers, micro_batch_loss
-from rlpipe.models.value_model import ScalarHeadModel
-from rlpipe.config import LoraConfig
 from tests.training.test_loop import PAD, config, data
 
 WORLD = 2

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from rlpipe.training.loop import train_policy
 from rlpipe.algorithms.losses import health_to_host
-from rlpipe.training.objective import Normalisers, micro_batch_loss
 from rlpipe.models.value_model import ScalarHeadModel
+from rlpipe.training.loop import train_policy
+from rlpipe.training.objective import Normalisers, micro_batch_loss
 from tests.training.test_loop import PAD, config, data, flat, tiny_model, trained
 
 

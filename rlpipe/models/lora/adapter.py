@@ -22,8 +22,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlpipe.errors import ArtifactError
 from rlpipe.data.io import CHECKPOINT_INFO
+from rlpipe.errors import ArtifactError
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

@@ -11,8 +11,8 @@ maps each attack to what stops it; ``python -m rlpipe.rewards.code`` prints this
 """
 from rlpipe.rewards.code.cases import BadTests, parse_tests
 from rlpipe.rewards.code.host import describe_host, host_isolation
-from rlpipe.rewards.code.protections import PROTECTIONS, Isolation, SandboxUnavailable
 from rlpipe.rewards.code.process import SandboxLimits
+from rlpipe.rewards.code.protections import PROTECTIONS, Isolation, SandboxUnavailable
 from rlpipe.rewards.code.reward import KINDS, RowVerdict, code_tests, extract_code, redact, run_code_tests
 
 __all__ = ["BadTests", "KINDS", "PROTECTIONS", "Isolation", "RowVerdict", "SandboxLimits", "SandboxUnavailable",

@@ -9,8 +9,8 @@ from rlpipe.rewards.code import host
 from rlpipe.rewards.code.cases import parse_tests
 from rlpipe.rewards.code.cgroups import PREFIX, CgroupHost
 from rlpipe.rewards.code.host import host_isolation
-from rlpipe.rewards.code.protections import Isolation
 from rlpipe.rewards.code.process import RUNNER, CaseRecord, SandboxLimits, run_cases
+from rlpipe.rewards.code.protections import Isolation
 from rlpipe.rewards.code.reward import RowVerdict, code_tests, run_code_tests
 from rlpipe.rewards.functions import RewardResult, Sample
 

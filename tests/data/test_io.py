@@ -20,8 +20,6 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from rlpipe.data import io
-from rlpipe.stages.generate import single_turn_columns
-from rlpipe.errors import ArtifactError
 from rlpipe.data.schema import (
     ADVANTAGES,
     ARTIFACTS,
@@ -37,6 +35,8 @@ from rlpipe.data.schema import (
     VALUES,
     ArtifactSchema,
 )
+from rlpipe.errors import ArtifactError
+from rlpipe.stages.generate import single_turn_columns
 
 # ----------------------------------------------------------------------------------------------
 # Hand-made valid frames (rows deliberately not in key order: the writer must sort them)
@@ -722,9 +722,9 @@ KILLED_WRITER = textwrap.dedent("""
     from pathlib import Path
     import polars as pl
     import pyarrow.parquet as pq
-    from rlpipe.stages.generate import single_turn_columns
     from rlpipe.data.io import write_artifact
     from rlpipe.data.schema import ROLLOUTS
+    from rlpipe.stages.generate import single_turn_columns
 
     n = 5000
     df = single_turn_columns(pl.DataFrame({

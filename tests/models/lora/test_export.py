@@ -7,11 +7,11 @@ import torch
 from typer.testing import CliRunner
 
 from rlpipe.cli import app
+from rlpipe.models.loading import load_model
 from rlpipe.models.lora.adapter import model_hash
 from rlpipe.models.lora.peft_model import save_adapter, wrap_for_training
-from rlpipe.models.loading import load_model
 
-from tests.lora.conftest import build_base, lora, perturb_adapter
+from tests.models.lora.conftest import build_base, lora, perturb_adapter
 
 BASE = "artifacts/prepare/model"
 IDS = torch.tensor([[3, 4, 12, 5, 6, 13, 7, 1]])

@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from rlpipe.errors import ArtifactError, ConfigError
+from rlpipe.models.loading import load_model, load_tokenizer, merged_model, model_eos_token_ids, read_model_config
 from rlpipe.models.lora.adapter import adapter_info, is_adapter_dir, is_policy_dir, model_hash
-from rlpipe.models.loading import merged_model
 from rlpipe.models.lora.peft_model import save_adapter, wrap_for_training
-from rlpipe.models.loading import load_model, load_tokenizer, model_eos_token_ids, read_model_config
 
-from tests.lora.conftest import build_base, lora, perturb_adapter
+from tests.models.lora.conftest import build_base, lora, perturb_adapter
 
 BASE = "artifacts/prepare/model"
 IDS = torch.tensor([[3, 4, 12, 5, 6, 13, 7]])
@@ -138,12 +137,12 @@ def test_adapter_bytes_do_not_depend_on_the_process_hash_seed(project):
     import subprocess
     import sys
 
-    code = ("import torch; from tests.lora.test_adapter import trained_adapter; torch.manual_seed(0); "
+    code = ("import torch; from tests.models.lora.test_adapter import trained_adapter; torch.manual_seed(0); "
             "trained_adapter(out={out!r})")
     for seed, out in (("1", "a"), ("2", "b")):
         subprocess.run([sys.executable, "-c", code.format(out=out)], check=True, cwd=project,
                        env={**__import__("os").environ, "PYTHONHASHSEED": seed,
-                            "PYTHONPATH": str(__import__("pathlib").Path(__file__).resolve().parents[2])})
+                            "PYTHONPATH": str(__import__("pathlib").Path(__file__).resolve().parents[3])})
     for name in ("adapter_config.json", "adapter_model.safetensors", "rlpipe.json"):
         assert (project / "a" / name).read_bytes() == (project / "b" / name).read_bytes(), name
 

@@ -10,7 +10,7 @@ from rlpipe.config import load_params
 from rlpipe.errors import RlpipeError
 from rlpipe.run.params_file import set_params
 
-PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 
 
 @pytest.fixture

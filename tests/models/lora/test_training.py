@@ -11,15 +11,14 @@ import torch
 from rlpipe.engines.base import PromptRequest, SamplingParams, derive_seed
 from rlpipe.engines.hf import HFEngine
 from rlpipe.errors import TrainingError
+from rlpipe.models.loading import load_model, lora_for_training
 from rlpipe.models.lora.adapter import model_hash
-from rlpipe.models.loading import lora_for_training
 from rlpipe.models.lora.peft_model import save_adapter
-from rlpipe.models.loading import load_model
 from rlpipe.training.loop import train_policy
 from rlpipe.training.objective import TrainingData
 from rlpipe.training.resume import host_copy
 
-from tests.lora.conftest import lora
+from tests.models.lora.conftest import lora
 from tests.training.test_loop import config
 
 BASE = "artifacts/prepare/model"

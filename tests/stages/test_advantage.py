@@ -5,11 +5,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from rlpipe.stages.advantage import check_finite_rewards, compute_advantages
-from rlpipe.errors import ArtifactError
 from rlpipe.config import AdvantageConfig, KLInRewardConfig
 from rlpipe.data.io import validate_frame
 from rlpipe.data.schema import ADVANTAGES
+from rlpipe.errors import ArtifactError
+from rlpipe.stages.advantage import check_finite_rewards, compute_advantages
 
 
 def cfg(**over):

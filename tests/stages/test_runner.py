@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 
 from rlpipe.stages.runner import OUT_OF_MEMORY_SETTINGS, stage_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # torch's message as an 80 GB H100 printed it for the 1.5B shape's train stage (2026-11-28)
 TORCH_MESSAGE = ("CUDA out of memory. Tried to allocate 892.00 MiB. GPU 0 has a total capacity of 79.18 GiB of which "
                  "822.56 MiB is free. Process 2563 has 1.67 GiB memory in use. Including non-PyTorch memory, this "

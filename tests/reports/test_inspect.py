@@ -5,10 +5,10 @@ import polars as pl
 import pytest
 
 from rlpipe.data.decode import fallback_pieces
-from rlpipe.errors import ArtifactError
-from rlpipe.reports.inspect import inspect_data, joined_frame, load
 from rlpipe.data.io import read_artifact, write_artifact
 from rlpipe.data.schema import EVAL_ROLLOUTS, SCORES
+from rlpipe.errors import ArtifactError
+from rlpipe.reports.inspect import inspect_data, joined_frame, load
 from tests.inspect_project import make_project
 
 

@@ -7,7 +7,7 @@ import pytest
 from rlpipe.config import RewardEntry
 from rlpipe.errors import ScoringError
 from rlpipe.stages.score import score_rows
-from tests.test_scoring import EXACT, cfg, rows
+from tests.stages.test_score import EXACT, cfg, rows
 
 RELEASE = threading.Event()  # set at the end of each test so abandoned threads finish
 
@@ -24,7 +24,7 @@ def misbehaving(sample):
             "bool": True}.get(kind, 0.5)
 
 
-BAD = RewardEntry("tests.test_scoring_faults:misbehaving", 1.0, {})
+BAD = RewardEntry("tests.stages.test_score_faults:misbehaving", 1.0, {})
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """vLLM with a LoRA adapter on a real GPU: it samples the adapter's distribution (not the base's), with the
 sampler-vs-trainer gap of bf16 vLLM, reported as `sampler_mismatch_*`. Skipped without CUDA or vllm.
 
-    python -m pytest tests/lora/test_vllm_lora_gpu.py -m gpu -s      (RLPIPE_GPU_REPORT=path.json for the numbers)
+    python -m pytest tests/models/lora/test_vllm_lora_gpu.py -m gpu -s      (RLPIPE_GPU_REPORT=path.json for the numbers)
 
 As in tests/engines/test_vllm_gpu.py, nothing here touches CUDA before vLLM starts: the references are
 CPU float32 forward passes of the same (bf16-rounded) weights.
@@ -70,7 +70,7 @@ def test_vllm_samples_through_the_adapter(lora_dirs):
     from rlpipe.stages.generate import make_engine
 
     root, tokenizer, prompts = lora_dirs
-    g = load_params(Path(__file__).resolve().parents[2] / "params.yaml").generate
+    g = load_params(Path(__file__).resolve().parents[3] / "params.yaml").generate
     import dataclasses
 
     cfg = dataclasses.replace(g, engine="vllm", device="cuda", dtype="bfloat16",

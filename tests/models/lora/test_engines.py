@@ -16,14 +16,14 @@ from rlpipe.engines.base import PromptRequest, SamplingParams, derive_seed
 from rlpipe.engines.hf import HFEngine
 from rlpipe.engines.vllm import vllm_lora_rank
 from rlpipe.errors import ConfigError
-from rlpipe.stages.generate import make_engine
+from rlpipe.models.loading import load_model
 from rlpipe.models.lora.adapter import model_hash
 from rlpipe.models.lora.peft_model import save_adapter, wrap_for_training
-from rlpipe.models.loading import load_model
+from rlpipe.stages.generate import make_engine
 from rlpipe.worker.engine_server import EngineHost, weights_fingerprint
 
 from tests.engines.test_vllm_adapter import REPO_PARAMS, FakeLLM, fake_vllm  # noqa: F401  (fixture)
-from tests.lora.conftest import lora, perturb_adapter
+from tests.models.lora.conftest import lora, perturb_adapter
 
 BASE = "artifacts/prepare/model"
 LoRARequest = namedtuple("LoRARequest", "lora_name lora_int_id lora_path")

@@ -72,7 +72,7 @@ def labelled_parity(sample, *, delay_s):
     return RewardResult(1.0 if even else 0.0, "even" if even else "odd")
 
 
-PARITY = RewardEntry("tests.test_scoring:labelled_parity", 1.0, {"delay_s": 0.002})
+PARITY = RewardEntry("tests.stages.test_score:labelled_parity", 1.0, {"delay_s": 0.002})
 
 
 def test_reward_result_labels_are_counted_per_component():
@@ -116,7 +116,7 @@ def meet_another_row(sample):
 def test_workers_score_rows_at_the_same_time():
     _barrier.reset()
     frame, m = score_rows(rows(["1", "2", "3", "4"], ["1", "2", "3", "4"]),
-                          cfg([EXACT, RewardEntry("tests.test_scoring:meet_another_row", 1.0, {})], workers=2))
+                          cfg([EXACT, RewardEntry("tests.stages.test_score:meet_another_row", 1.0, {})], workers=2))
     assert m["errors"] == 0 and frame["reward_meet_another_row"].to_list() == [1.0] * 4
 
 

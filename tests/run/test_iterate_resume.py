@@ -12,7 +12,7 @@ from rlpipe.config import load_params
 from rlpipe.run.iterate import _only_state_changed, handover_started
 from rlpipe.run.repo import STATE_POLICY
 
-PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 
 
 @pytest.mark.parametrize(("entry", "only_state"), [

@@ -6,8 +6,8 @@ import torch
 from safetensors import safe_open
 
 from rlpipe.errors import ArtifactError
-from rlpipe.models.master_weights import FORMAT, LOW_BITS_FILE, join, split
 from rlpipe.models.loading import MASTER_DIR, load_trainable_model, save_checkpoint, stored_dtype
+from rlpipe.models.master_weights import FORMAT, LOW_BITS_FILE, join, split
 from rlpipe.tiny.model import build_tiny_llama
 from rlpipe.tiny.tokenizer import build_char_tokenizer
 

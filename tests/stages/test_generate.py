@@ -1,10 +1,10 @@
 """Prompt selection and the rollout table built from engine results."""
 import polars as pl
 
-from rlpipe.engines.base import Completion, PromptRequest, derive_seed
-from rlpipe.stages.generate import rollout_frame, sample_seed, select_prompts
 from rlpipe.data.io import validate_frame
 from rlpipe.data.schema import ROLLOUTS
+from rlpipe.engines.base import Completion, PromptRequest, derive_seed
+from rlpipe.stages.generate import rollout_frame, sample_seed, select_prompts
 
 
 def prompts(n):

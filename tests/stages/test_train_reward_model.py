@@ -14,23 +14,23 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from rlpipe.config import RewardEntry, ScoreConfig
-from rlpipe.errors import ArtifactError
 from rlpipe.data.io import read_json, write_artifact
+from rlpipe.data.schema import PREFERENCES
+from rlpipe.engines.logprobs import make_token_batch
+from rlpipe.engines.scalar_head import batched_scores, sequence_scores
+from rlpipe.errors import ArtifactError
 from rlpipe.models.loading import save_checkpoint
-from rlpipe.stages.prepare import preference_table
-from rlpipe.stages.train_reward_model import (PreferencePairs, bradley_terry_loss, evaluate_pairs, pairwise_accuracy,
-                                 split_pairs, train_bradley_terry)
+from rlpipe.models.value_model import load_scalar_model
 from rlpipe.rewards.functions import Sample
 from rlpipe.rewards.model_reward import reward_model
-from rlpipe.data.schema import PREFERENCES
+from rlpipe.stages.prepare import preference_table
 from rlpipe.stages.score import score_rows
+from rlpipe.stages.train_reward_model import (PreferencePairs, bradley_terry_loss, evaluate_pairs, pairwise_accuracy,
+                                 split_pairs, train_bradley_terry)
 from rlpipe.tiny import TASK_ALPHABET, build_char_tokenizer, build_tiny_llama, make_task_rows
 from rlpipe.tiny.preferences import make_preference_rows
-from rlpipe.engines.scalar_head import batched_scores, sequence_scores
-from rlpipe.models.value_model import load_scalar_model
-from rlpipe.engines.logprobs import make_token_batch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position_embeddings=16)
 TRAIN = dict(batch_size=32, lr=3e-3, weight_decay=0.0, max_grad_norm=1.0, pad_token_id=0)
 

@@ -8,7 +8,7 @@ import yaml
 
 from rlpipe.stages.headline import HEADLINE_KEYS, headline, headline_path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_headline_keeps_the_named_numbers_and_the_total_seconds():

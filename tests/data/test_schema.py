@@ -5,7 +5,6 @@ import polars as pl
 import pytest
 
 from rlpipe.data import io
-from rlpipe.errors import ArtifactError
 from rlpipe.data.schema import (
     ARTIFACTS,
     ROLLOUTS,
@@ -17,6 +16,7 @@ from rlpipe.data.schema import (
     ArtifactSchema,
     get_schema,
 )
+from rlpipe.errors import ArtifactError
 
 NAMES = sorted(ARTIFACTS)
 

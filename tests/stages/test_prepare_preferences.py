@@ -9,13 +9,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from rlpipe.errors import ArtifactError
 from rlpipe.data.io import read_artifact, read_json, write_artifact
-from rlpipe.stages.prepare import preference_table, read_preference_rows
 from rlpipe.data.schema import PREFERENCES, PROMPTS
+from rlpipe.errors import ArtifactError
+from rlpipe.stages.prepare import preference_table, read_preference_rows
 from rlpipe.tiny import TASK_ALPHABET, build_char_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
