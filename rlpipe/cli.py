@@ -80,6 +80,22 @@ def init(directory: str = typer.Argument(..., help="the new project's directory 
     typer.echo(f"then: cd {report.root} && dvc repro   (one iteration; then `rlpipe iterate`, or `rlpipe run -n N`)")
 
 
+@app.command("refresh-stages")
+def refresh_stages(directory: str = typer.Argument(".", help="a project made by `rlpipe init`")) -> None:
+    """Copy this rlpipe's stage scripts into a project made by an older one (after upgrading rlpipe)."""
+    from rlpipe.project.init import refresh_stages as refresh
+
+    try:
+        changed = refresh(directory)
+    except RlpipeError as e:
+        _fail(e)
+    if not changed:
+        typer.echo(f"{directory}: the stage scripts are already this rlpipe's")
+        return
+    typer.echo(f"{directory}: refreshed {', '.join(changed)}; the stages they run re-run at the next `dvc repro` "
+               "(`git diff stages/` shows the change; commit it with the iteration)")
+
+
 @app.command()
 def iterate(params: str = typer.Option("params.yaml", help="params file"),
             commit: bool = typer.Option(True, help="commit (and tag) each finished iteration to git"),

@@ -46,8 +46,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     if reason is not None:
         with timer.phase("write"):
             rm.write_placeholder(out, reason=reason)
-        stage.write_metrics(metrics, "train_reward_model", {"kind": "none", "reason": reason, "num_pairs": prefs.height},
-                            timer)
+        stage.write_metrics(metrics, "train_reward_model",
+                            {"kind": "none", "reason": reason, "num_pairs": prefs.height}, timer)
         stage.summary_line("train_reward_model", pairs=prefs.height, model="none",
                            **({"train": "false"} if not cfg.train else {}), seconds=timer.report()["total"])
         return

@@ -187,3 +187,46 @@ def test_each_stage_script_has_its_logic_under_its_own_name():
     scripts = {p.stem for p in (ROOT / "stages").glob("*.py")}
     logic = {p.stem for p in (PACKAGE / "stages").glob("*.py")} - {"__init__", "runner", "headline"}
     assert scripts == logic
+
+
+def documented_order() -> list[str]:
+    """The rooms as docs/architecture.md lists them, top to bottom (its first table's first column)."""
+    text = (ROOT / "docs/architecture.md").read_text()
+    table = text.split("## Rooms, top to bottom", 1)[1].split("\n\n## ", 1)[0]
+    return [row.split("`")[1].rstrip("/").removesuffix(".py") for row in table.splitlines()
+            if row.startswith("| `")]
+
+
+def test_rooms_import_only_rooms_below_them_as_the_docs_list_them():
+    """docs/architecture.md's table is the floor plan: a room imports rooms further down it and the shared
+    top-level modules; the shared modules import no room."""
+    order = documented_order()
+    assert set(order) == ROOMS | {"cli"}
+    shared = TOP_LEVEL_MODULES - {"cli"}
+    wrong = []
+    for name, targets in edges().items():
+        room = room_of(name)
+        if room == "rlpipe" and name.split(".")[-1] in shared:  # a shared module: no room below it
+            wrong += [f"{name} -> {t}" for t in targets if room_of(t) in ROOMS]
+            continue
+        here = order.index(room if room in ROOMS else "cli")
+        wrong += [f"{name} -> {t}" for t in targets if room_of(t) in ROOMS and room_of(t) != room
+                  and order.index(room_of(t)) <= here]
+    assert wrong == []
+
+
+def test_the_surfaces_users_import_are_where_they_were():
+    """What params.yaml names and user code imports survived the regrouping: the packages' exported names,
+    the reward contract under its old module too, and `module:function` reward paths."""
+    import importlib
+
+    from rlpipe.rewards import base, functions
+    from rlpipe.rewards.registry import resolve_reward
+
+    for package in ("rlpipe.algorithms", "rlpipe.rewards", "rlpipe.environments", "rlpipe.engines"):
+        module = importlib.import_module(package)
+        assert [n for n in module.__all__ if getattr(module, n, None) is None] == [], package
+    assert (functions.Sample, functions.RewardResult, functions.batch_reward) == (
+        base.Sample, base.RewardResult, base.batch_reward)
+    assert resolve_reward("rlpipe.rewards.functions:exact_answer") is functions.exact_answer
+    assert resolve_reward("exact_answer") is functions.exact_answer

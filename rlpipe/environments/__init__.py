@@ -8,9 +8,9 @@ instances (`calculator` for the tiny task, `python_tool` running code in the cod
 the chat-template arithmetic that turns an observation into the exact token ids the template would
 render (`template`), and the driver that runs a whole iteration's rollouts through any
 `rlpipe.engines.base.GenerationEngine` (`driver`), token-exact and deterministic, with tools running
-concurrently. `view` draws a rollout's turns for `rlpipe inspect`. It may import `rlpipe.engines.base`,
-`rlpipe.config`, `rlpipe.data.io`, `rlpipe.data.schema` and `rlpipe.errors`; only the python tool reaches into
-`rlpipe.rewards` (the sandbox), lazily. See docs/multi-turn.md.
+concurrently (`rlpipe.reports.turn_view` draws a rollout's turns for `rlpipe inspect`). It may import
+`rlpipe.engines.base`, `rlpipe.config`, `rlpipe.data.io`, `rlpipe.data.schema` and `rlpipe.errors`; only the
+python tool reaches into `rlpipe.rewards` (the sandbox), lazily. See docs/multi-turn.md.
 """
 from rlpipe.environments.base import (
     ENVIRONMENTS,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rlpipe.config import UNSET_OPTION, load_params
+from rlpipe.data.io import atomic_path
 from rlpipe.errors import ConfigError
 from rlpipe.project import pipeline, sources
 
@@ -112,6 +113,29 @@ def _fill(root: Path, template: Path, *, model, train, eval_, rewards, prompt_co
         load_params(root / "params.yaml")  # the written file passes the strict loader (unless options wait)
     return InitReport(root=root, rewards=user_rewards, num_train=tables["train"].height,
                       num_eval=tables["eval"].height)
+
+
+def refresh_stages(dest: str | Path) -> list[str]:
+    """Copy this rlpipe's stage scripts over those of a project that `rlpipe init` made with an older rlpipe.
+
+    Why: a project holds copies of the stage scripts (they are its stages' deps, restored with every
+    iteration), and a newer rlpipe's package may no longer have what an old copy imports. Returns the
+    scripts that changed (the stages that run them re-run at the next `dvc repro`); git shows the change.
+    """
+    root = Path(dest)
+    if not ((root / "dvc.yaml").is_file() and (root / "stages").is_dir()):
+        raise ConfigError(f"{root}: not a project made by `rlpipe init` (it needs dvc.yaml and stages/)")
+    template = pipeline.template_root()
+    if template.resolve() == root.resolve():
+        raise ConfigError(f"{root} is rlpipe's own source tree: its stage scripts are the ones projects copy")
+    changed = []
+    for script in sorted((template / "stages").glob("*.py")):
+        target = root / "stages" / script.name
+        if not target.is_file() or target.read_bytes() != script.read_bytes():
+            with atomic_path(target) as tmp:
+                tmp.write_bytes(script.read_bytes())
+            changed.append(f"stages/{script.name}")
+    return changed
 
 
 def _unset(rewards: Sequence[sources.UserReward]) -> bool:

@@ -1,11 +1,12 @@
-"""Reports for people: `rlpipe inspect` / `rlpipe diff` views and `dvc plots` pages that open with no network.
+"""Everything a person reads: `rlpipe inspect` and `rlpipe diff`, their terminal and HTML views, and
+`dvc plots` pages that open with no network.
 
-Owns the two outputs of inspect and diff, the terminal (``terminal``, rich) and a self-contained
-HTML page (``html``), both drawing what ``rlpipe.reports.render`` formats; the offline `dvc plots` set-up
-(``plots``: a DVC page template carrying the Vega libraries, taken once from the
-``vl-convert-python`` wheel, and static SVG/PNG charts); and two data helpers that
-``rlpipe.reports.inspect`` / ``rlpipe.reports.diff`` import: which rows to show first (``selection``) and where
-rows come from, a directory or a git revision, with the run's metadata (``sources``). The data
-helpers import only polars, ``rlpipe.data.io``, ``rlpipe.data.schema`` and ``rlpipe.errors``; the outputs may
-import ``rlpipe.reports.render``; only the CLI (and tests) import the outputs.
+Owns the data of the two commands (`inspect`: one iteration's artifacts joined and summarised; `diff`: what
+changed between two iterations), what both views draw (`render`: colours, statistic lines, number formats,
+token cells; `turn_view`: a multi-turn rollout's turns), the two outputs (`terminal`, rich; `html`, a
+self-contained page), the offline `dvc plots` set-up (`plots`: a page template carrying the Vega libraries
+from the ``vl-convert-python`` wheel, and static SVG/PNG charts), which rows to show first (`selection`)
+and where rows come from, a directory or a git revision (`sources`). May import `rlpipe.data` (schema, io,
+row filters, decoding), `rlpipe.run` (iteration tags, kept checkpoints), `rlpipe.errors` and polars; only
+the CLI (and tests) import it.
 """

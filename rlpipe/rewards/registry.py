@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from rlpipe.data.schema import SCORES, component_column
-from rlpipe.rewards.functions import REWARD_FUNCTIONS, RewardResult, Sample, batch_reward
+from rlpipe.rewards.base import RewardResult, Sample, batch_reward
+from rlpipe.rewards.functions import REWARD_FUNCTIONS
 from rlpipe.rewards.trl_style import check_trl_options, is_trl_reward, trl_adapter
 
 __all__ = [

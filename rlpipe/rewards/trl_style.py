@@ -21,7 +21,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Sequence
 
-from rlpipe.rewards.functions import Sample, batch_reward
+from rlpipe.rewards.base import Sample, batch_reward
 
 TRL_FIRST_PARAMETERS = ("prompts", "completions")
 TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "answer")  # per-row, besides the file's columns

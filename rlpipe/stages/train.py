@@ -194,11 +194,11 @@ def gather_for_writing(p: Params, paths: TrainPaths, trainees: Trainees) -> None
         return
     from rlpipe.training.distributed import gathered_models
 
-    rebuild = None
-    if trainees.lora is not None:  # rank 0 saves the adapter of a CPU copy of the PEFT model
-        rebuild = lambda: lora_for_training(paths.policy, p.train.lora, device="cpu", replaced=[]).peft_model  # noqa: E731
+    def rebuild():  # rank 0 saves the adapter of a CPU copy of the PEFT model
+        return lora_for_training(paths.policy, p.train.lora, device="cpu", replaced=[]).peft_model
+
     trainees.model, trainees.critic = gathered_models(trainees.sharded, paths.policy, paths.critic, seed=p.seed,
-                                                      rebuild=rebuild)
+                                                      rebuild=rebuild if trainees.lora is not None else None)
     if trainees.lora is not None and trainees.model is not None:
         trainees.lora.peft_model = trainees.model
 

@@ -16,6 +16,6 @@ Two long-lived servers, both optional, both started and stopped by ``rlpipe run`
   never engine start, compilation and CUDA-graph capture again.
 
 What this package may import: the standard library, ``rlpipe.errors``, ``rlpipe.engines`` and
-``rlpipe.models.loading`` (engine server only). `stage_client` imports the standard library alone: it runs
+``rlpipe.models`` (engine server only). `stage_client` imports the standard library alone: it runs
 before anything heavy in every stage process.
 """

@@ -125,12 +125,12 @@ def test_train_loop_keeps_the_sampling_mask(sampled):
 
 
 def test_kept_sets_survive_a_resume_state():
-    from rlpipe.training.loop import _kept_from_state, _kept_to_state
+    from rlpipe.training.loop_state import kept_from_state, kept_to_state
 
     kept = [[np.array([0, 3], np.int32), np.array([5], np.int32)], []]
-    back = _kept_from_state(_kept_to_state(kept))
+    back = kept_from_state(kept_to_state(kept))
     assert [[s.tolist() for s in row] for row in back] == [[[0, 3], [5]], []]
-    assert all(isinstance(t, torch.Tensor) for pair in _kept_to_state(kept) for t in pair)  # weights_only loads
+    assert all(isinstance(t, torch.Tensor) for pair in kept_to_state(kept) for t in pair)  # weights_only loads
 
 
 def test_resume_with_the_keep_sampling_mask_ends_where_the_uninterrupted_run_ends(sampled, tmp_path):

@@ -205,3 +205,37 @@ def test_the_wheel_carries_the_template_of_rlpipe_init(tmp_path):
     stages = sorted(p.name for p in (REPO / "stages").glob("*.py"))
     assert {f"{data}/params.yaml", f"{data}/dvc.yaml", *(f"{data}/stages/{s}" for s in stages)} <= names
     assert zipfile.ZipFile(wheel).read(f"{data}/params.yaml") == (REPO / "params.yaml").read_bytes()
+
+
+def test_refresh_stages_brings_an_old_projects_scripts_up_to_date(tmp_path):
+    """A project made by an older rlpipe holds stage scripts that import old paths: refresh-stages copies the
+    template's over them, reports which changed, and is a no-op the second time."""
+    from typer.testing import CliRunner
+
+    from rlpipe.cli import app
+
+    project = tmp_path / "project"
+    (project / "stages").mkdir(parents=True)
+    (project / "dvc.yaml").write_text("stages: {}\n")
+    (project / "stages" / "score.py").write_text("import rlpipe.stage as stage  # an older rlpipe's script\n")
+    first = CliRunner().invoke(app, ["refresh-stages", str(project)])
+    assert first.exit_code == 0, first.output
+    template = sorted((REPO / "stages").glob("*.py"))
+    assert {p.name for p in (project / "stages").glob("*.py")} == {p.name for p in template}
+    for script in template:
+        assert (project / "stages" / script.name).read_bytes() == script.read_bytes(), script.name
+    assert "stages/score.py" in first.output and "re-run at the next `dvc repro`" in first.output
+    second = CliRunner().invoke(app, ["refresh-stages", str(project)])
+    assert second.exit_code == 0 and "already this rlpipe's" in second.output
+
+
+def test_refresh_stages_refuses_a_directory_that_is_no_project(tmp_path):
+    from typer.testing import CliRunner
+
+    from rlpipe.cli import app
+
+    result = CliRunner().invoke(app, ["refresh-stages", str(tmp_path)])
+    assert result.exit_code == 2 and f"{tmp_path}: not a project made by `rlpipe init`" in result.output
+    assert list(tmp_path.iterdir()) == []
+    own = CliRunner().invoke(app, ["refresh-stages", str(REPO)])
+    assert own.exit_code == 2 and "rlpipe's own source tree" in own.output
