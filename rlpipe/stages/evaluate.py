@@ -9,7 +9,7 @@ from rlpipe.config import EvaluateConfig, Params, ScoreConfig
 from rlpipe.data.io import read_artifact
 from rlpipe.data.schema import PROMPTS
 from rlpipe.engines.base import GenerationEngine, PromptRequest, SamplingParams
-from rlpipe.stages.generate import (GREEDY_TEMPERATURE, GenerateInputs, build_engine, check_context, multi_turn_setup,
+from rlpipe.stages.generate import (GREEDY_TEMPERATURE, GenerateInputs, build_engine, multi_turn_setup, policy_tokens,
                                     resolve_engine, single_turn_columns)
 from rlpipe.stages.score import score_rows
 
@@ -65,16 +65,12 @@ def evaluate_policy(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: Eva
 def read_inputs(p: Params, prompts_path: str, policy: str) -> GenerateInputs:
     """The held-out prompts, the policy's tokenizer and EOS ids, checked to fit its context; for multi-turn
     (generate.environment) the same environment and limits as generate, before any weight is loaded."""
-    from rlpipe.models.loading import load_tokenizer, model_eos_token_ids, read_model_config
-
     table = read_artifact(prompts_path, PROMPTS).frame
-    tokenizer = load_tokenizer(policy)
     env = p.generate.environment
-    check_context(table, max_new_tokens=env.max_total_tokens if env.multi_turn else p.evaluate.max_new_tokens,
-                  source=prompts_path,
-                  setting="generate.environment.max_total_tokens" if env.multi_turn else "evaluate.max_new_tokens",
-                  context_length=getattr(read_model_config(policy), "max_position_embeddings", None))
-    eos = model_eos_token_ids(policy, tokenizer)
+    tokenizer, eos = policy_tokens(
+        policy, table, max_new_tokens=env.max_total_tokens if env.multi_turn else p.evaluate.max_new_tokens,
+        source=prompts_path,
+        setting="generate.environment.max_total_tokens" if env.multi_turn else "evaluate.max_new_tokens")
     # multi-turn: greedy turns with the same environment and limits as generate
     setup = multi_turn_setup(p.generate, tokenizer, eos_token_ids=eos, source=policy) if env.multi_turn else None
     return GenerateInputs(table, tokenizer, eos, setup)

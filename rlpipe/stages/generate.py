@@ -336,24 +336,32 @@ class GenerateInputs:
     multi_turn: MultiTurnSetup | None
 
 
+def policy_tokens(policy: str, prompts: pl.DataFrame, *, max_new_tokens: int, source: str,
+                  setting: str) -> tuple[Any, list[int]]:
+    """The policy's tokenizer and EOS ids, once every prompt plus ``max_new_tokens`` (``setting``) is checked
+    to fit the model's context: generate and evaluate both refuse a prompt file before loading weights."""
+    from rlpipe.models.loading import load_tokenizer, model_eos_token_ids, read_model_config
+
+    tokenizer = load_tokenizer(policy)
+    check_context(prompts, max_new_tokens=max_new_tokens, source=source, setting=setting,
+                  context_length=getattr(read_model_config(policy), "max_position_embeddings", None))
+    return tokenizer, model_eos_token_ids(policy, tokenizer)
+
+
 def read_inputs(p: Params, prompts_path: str, policy: str, *, resume_root: str,
                 warn: Callable[[str], None]) -> GenerateInputs:
     """Pick the prompts, load the tokenizer and check that prompt + completion fit the model's context;
     for multi-turn also the environment and the chat template: all before any weight is loaded."""
-    from rlpipe.models.loading import load_tokenizer, model_eos_token_ids, read_model_config
-
     cfg = p.generate
     table = select_prompts(read_artifact(prompts_path, PROMPTS).frame, count=cfg.prompts_per_iteration,
                            seed=p.seed, iteration=p.iteration)
     if cfg.prompts_per_iteration > table.height:
         warn(f"generate.prompts_per_iteration is {cfg.prompts_per_iteration} but {prompts_path} holds "
              f"{table.height} prompts: every one is used, {table.height} x {cfg.group_size} samples")
-    tokenizer = load_tokenizer(policy)
     multi = cfg.environment.multi_turn
-    check_context(table, max_new_tokens=cfg.max_completion_tokens, source=prompts_path,
-                  setting="generate.environment.max_total_tokens" if multi else "generate.max_new_tokens",
-                  context_length=getattr(read_model_config(policy), "max_position_embeddings", None))
-    eos = model_eos_token_ids(policy, tokenizer)
+    tokenizer, eos = policy_tokens(policy, table, max_new_tokens=cfg.max_completion_tokens, source=prompts_path,
+                                   setting="generate.environment.max_total_tokens" if multi
+                                   else "generate.max_new_tokens")
     setup = multi_turn_setup(cfg, tokenizer, eos_token_ids=eos, source=policy, resume_root=resume_root,
                              inputs=[prompts_path, policy],
                              key_params={"seed": p.seed, "iteration": p.iteration, "policy_version": p.policy.version,
