@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlpipe.algorithms import ragged
+
 GRPO_STD_MODES = ("sample", "population")
 STD_DDOF = {"sample": 1, "population": 0}
 SINGLETON_GROUPS = (
@@ -213,17 +215,8 @@ def token_kl(old_logprobs_BT, ref_logprobs_BT, mask_BT, *, estimator: str) -> np
     before `exp` so k3 stays finite. Shapes: [B, T] -> [B, T] float64, 0 at padding.
     """
     m = as_bool_mask(mask_BT)
-    d = _tokens(old_logprobs_BT, "old_logprobs_BT", m) - _tokens(ref_logprobs_BT, "ref_logprobs_BT", m)
-    if estimator == "k1":
-        kl = d
-    elif estimator == "k2":
-        kl = 0.5 * d * d
-    elif estimator == "k3":
-        dc = np.clip(d, -20.0, 20.0)
-        kl = np.exp(-dc) - 1.0 + dc
-    else:
-        raise ValueError(f"unknown KL estimator {estimator!r}; valid: ['k1', 'k2', 'k3']")
-    return np.where(m, kl, 0.0)
+    old, ref = _tokens(old_logprobs_BT, "old_logprobs_BT", m), _tokens(ref_logprobs_BT, "ref_logprobs_BT", m)
+    return ragged.token_kl(old.reshape(-1), ref.reshape(-1), m.reshape(-1), estimator=estimator).reshape(m.shape)
 
 
 def kl_penalized_token_rewards(scores_B, old_logprobs_BT, ref_logprobs_BT, mask_BT, *, beta: float,
@@ -244,13 +237,10 @@ def kl_penalized_token_rewards(scores_B, old_logprobs_BT, ref_logprobs_BT, mask_
     m = as_bool_mask(mask_BT)
     if m.shape[0] != s_B.shape[0]:
         raise ValueError(f"scores_B has {s_B.shape[0]} rows, mask_BT has {m.shape[0]}")
-    rewards_BT = -beta * token_kl(old_logprobs_BT, ref_logprobs_BT, m, estimator=estimator)
-    has_tokens_B = m.any(axis=1)
-    # last valid index = T-1 minus the position of the first True in the reversed row
-    last_B = m.shape[1] - 1 - np.argmax(m[:, ::-1], axis=1)
-    rows_B = np.nonzero(has_tokens_B)[0]
-    rewards_BT[rows_B, last_B[rows_B]] += s_B[rows_B]
-    return rewards_BT
+    old, ref = _tokens(old_logprobs_BT, "old_logprobs_BT", m), _tokens(ref_logprobs_BT, "ref_logprobs_BT", m)
+    rewards_N = ragged.kl_penalized_token_rewards(s_B, old.reshape(-1), ref.reshape(-1), m.reshape(-1),
+                                                  ragged.Layout.dense(*m.shape), beta=beta, estimator=estimator)
+    return rewards_N.reshape(m.shape)
 
 
 WHITEN_FORMS = (
@@ -280,27 +270,14 @@ def whiten(x_BT, mask_BT, *, form: str, eps: float) -> np.ndarray:
         raise ValueError(f"eps must be >= 0, got {eps}")
     m = as_bool_mask(mask_BT)
     x = _tokens(x_BT, "x_BT", m)
-    n = int(m.sum())
-    if n == 0 or (form == "unbiased_rsqrt" and n == 1):
-        return np.zeros(m.shape, dtype=np.float64)
-    mean = x[m].mean()
-    squares = float(((x[m] - mean) ** 2).sum())
-    if form == "std":
-        scale = np.sqrt(squares / n) + eps
-    elif form == "unbiased_rsqrt":
-        scale = np.sqrt(squares / (n - 1) + eps)
-    else:
-        scale = np.sqrt(max(squares / n, eps))
-    if scale == 0.0:  # all valid values equal and eps = 0: nothing to scale
-        return np.zeros(m.shape, dtype=np.float64)
-    return np.where(m, (x - mean) / scale, 0.0)
+    return ragged.whiten(x.reshape(-1), m.reshape(-1), form=form, eps=eps).reshape(m.shape)
 
 
 def reward_to_go(token_rewards_BT, mask_BT) -> np.ndarray:
     """Undiscounted return `G_t = sum_{t' >= t} r_t'` over valid tokens. Shapes: [B, T] -> [B, T]."""
     m = as_bool_mask(mask_BT)
     r = _tokens(token_rewards_BT, "token_rewards_BT", m)
-    return np.where(m, np.cumsum(r[:, ::-1], axis=1)[:, ::-1], 0.0)
+    return ragged.reward_to_go(r.reshape(-1), m.reshape(-1), ragged.Layout.dense(*m.shape)).reshape(m.shape)
 
 
 def reinforce_plus_plus_advantages(token_rewards_BT, mask_BT, *, whiten_form: str, eps: float) -> np.ndarray:
@@ -329,18 +306,9 @@ def gae_advantages(token_rewards_BT, values_BT, mask_BT, *, gamma: float, lam: f
     m = as_bool_mask(mask_BT)
     r = _tokens(token_rewards_BT, "token_rewards_BT", m)
     v = _tokens(values_BT, "values_BT", m)
-    adv_BT = np.zeros(m.shape, dtype=np.float64)
-    next_value_B = np.zeros(m.shape[0])
-    next_adv_B = np.zeros(m.shape[0])
-    for t in range(m.shape[1] - 1, -1, -1):
-        delta_B = r[:, t] + gamma * next_value_B - v[:, t]
-        adv_t_B = delta_B + gamma * lam * next_adv_B
-        valid_B = m[:, t]
-        adv_BT[:, t] = np.where(valid_B, adv_t_B, 0.0)
-        next_value_B = np.where(valid_B, v[:, t], next_value_B)
-        next_adv_B = np.where(valid_B, adv_t_B, next_adv_B)
-    returns_BT = np.where(m, adv_BT + v, 0.0)
-    return adv_BT, returns_BT
+    adv_N, returns_N = ragged.gae(r.reshape(-1), v.reshape(-1), m.reshape(-1), ragged.Layout.dense(*m.shape),
+                                  gamma=gamma, lam=lam)
+    return adv_N.reshape(m.shape), returns_N.reshape(m.shape)
 
 
 def adaptive_kl_beta(beta: float, *, observed_kl: float, target_kl: float, horizon: float, num_samples: int) -> float:

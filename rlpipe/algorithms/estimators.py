@@ -3,6 +3,9 @@
 Why a module of its own: the estimators live in two modules (`advantages`, and `group_advantages`,
 which builds on the first one's group statistics); the registry needs both, so it sits above them and
 neither imports it. The advantage stage looks estimators up here by the name params.yaml gives.
+
+Token inputs and outputs are flat (`rlpipe.algorithms.ragged`): one entry per completion token, rows
+one after another as ``layout`` says, so memory follows the tokens, not rows x the longest completion.
 """
 from __future__ import annotations
 
@@ -11,25 +14,26 @@ from typing import Callable
 
 import numpy as np
 
-from rlpipe.algorithms.advantages import (as_bool_mask, as_rewards, dr_grpo_advantages, gae_advantages, group_metrics,
-                                          group_stats, grpo_advantages, reinforce_plus_plus_advantages, rloo_advantages,
-                                          whiten)
-from rlpipe.algorithms.group_advantages import (gdpo_advantages, grpo_passk_advantages, normalize_then_sum,
-                                                reinforce_plus_plus_baseline_advantages, sequence_zscore)
+from rlpipe.algorithms import ragged
+from rlpipe.algorithms.advantages import (as_rewards, dr_grpo_advantages, group_metrics, group_stats, grpo_advantages,
+                                          rloo_advantages)
+from rlpipe.algorithms.group_advantages import (baseline_centred_rewards, gdpo_weighted_sum, grpo_passk_advantages,
+                                                normalize_then_sum, sequence_zscore)
+from rlpipe.algorithms.ragged import Layout
 
 
 @dataclass(frozen=True)
 class AdvantageResult:
     """What every entry of `ADVANTAGE_ESTIMATORS` returns.
 
-    token_advantages_BT: [B, T] float64, 0 at padding (sequence estimators broadcast A_i);
-    sequence_advantages_B: [B] for sequence estimators, else None;
-    returns_BT: critic targets [B, T] for "gae", else None; metrics: python numbers.
+    token_advantages_N: [N] float64, one per token of the layout, 0 outside the mask (sequence
+    estimators broadcast A_i); sequence_advantages_B: [B] for sequence estimators, else None;
+    returns_N: critic targets [N] for "gae", else None; metrics: python numbers.
     """
 
-    token_advantages_BT: np.ndarray
+    token_advantages_N: np.ndarray
     sequence_advantages_B: np.ndarray | None
-    returns_BT: np.ndarray | None
+    returns_N: np.ndarray | None
     metrics: dict
 
 
@@ -64,82 +68,97 @@ def _need(name: str, **inputs):
             raise ValueError(f"advantage estimator {name!r} needs input {key}")
 
 
-def _broadcast(name, fn, rewards_B, group_index_B, mask_BT, kwargs) -> AdvantageResult:
-    _need(name, rewards_B=rewards_B, group_index_B=group_index_B, mask_BT=mask_BT)
+def _mask(name: str, layout: Layout | None, mask_N, rows: int) -> np.ndarray:
+    _need(name, layout=layout, mask_N=mask_N)
+    if layout.num_rows != rows:
+        raise ValueError(f"the layout has {layout.num_rows} rows, rewards_B has {rows}")
+    return ragged.check_mask(mask_N, layout.num_tokens)
+
+
+def _spread(adv_B: np.ndarray, m: np.ndarray, layout: Layout) -> np.ndarray:
+    """A_i at each of row i's tokens in the mask, 0 elsewhere."""
+    return np.where(m, layout.broadcast(adv_B), 0.0)
+
+
+def _broadcast(name, fn, rewards_B, group_index_B, layout, mask_N, kwargs) -> AdvantageResult:
+    _need(name, rewards_B=rewards_B, group_index_B=group_index_B)
     adv_B, metrics = fn(rewards_B, group_index_B, **kwargs)
-    m = as_bool_mask(mask_BT)
-    if m.shape[0] != adv_B.shape[0]:
-        raise ValueError(f"mask_BT has {m.shape[0]} rows, rewards_B has {adv_B.shape[0]}")
-    return AdvantageResult(np.where(m, adv_B[:, None], 0.0), adv_B, None, metrics)
+    m = _mask(name, layout, mask_N, adv_B.shape[0])
+    return AdvantageResult(_spread(adv_B, m, layout), adv_B, None, metrics)
 
 
-def _grpo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                 component_rewards_BK, options) -> AdvantageResult:
+def _grpo_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewards_N, values_N, component_rewards_BK,
+                options) -> AdvantageResult:
     o = _options("grpo", options)
-    return _broadcast("grpo", grpo_advantages, rewards_B, group_index_B, mask_BT, dict(o))
+    return _broadcast("grpo", grpo_advantages, rewards_B, group_index_B, layout, mask_N, dict(o))
 
 
-def _dr_grpo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                 component_rewards_BK, options) -> AdvantageResult:
+def _dr_grpo_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewards_N, values_N, component_rewards_BK,
+                   options) -> AdvantageResult:
     o = _options("dr_grpo", options)
-    return _broadcast("dr_grpo", dr_grpo_advantages, rewards_B, group_index_B, mask_BT, dict(o))
+    return _broadcast("dr_grpo", dr_grpo_advantages, rewards_B, group_index_B, layout, mask_N, dict(o))
 
 
-def _rloo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                 component_rewards_BK, options) -> AdvantageResult:
+def _rloo_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewards_N, values_N, component_rewards_BK,
+                options) -> AdvantageResult:
     _options("rloo", options)
-    return _broadcast("rloo", rloo_advantages, rewards_B, group_index_B, mask_BT, {})
+    return _broadcast("rloo", rloo_advantages, rewards_B, group_index_B, layout, mask_N, {})
 
 
-def _reinforce_pp_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                 component_rewards_BK, options) -> AdvantageResult:
+def _token_mask(name: str, layout: Layout | None, mask_N) -> np.ndarray:
+    _need(name, layout=layout, mask_N=mask_N)
+    return ragged.check_mask(mask_N, layout.num_tokens)
+
+
+def _reinforce_pp_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewards_N, values_N, component_rewards_BK,
+                        options) -> AdvantageResult:
     o = _options("reinforce_plus_plus", options)
-    _need("reinforce_plus_plus", token_rewards_BT=token_rewards_BT, mask_BT=mask_BT)
-    adv_BT = reinforce_plus_plus_advantages(token_rewards_BT, mask_BT, whiten_form=o["whiten_form"],
-                                            eps=o["whiten_eps"])
-    metrics = {"num_valid_tokens": int(as_bool_mask(mask_BT).sum())}
-    return AdvantageResult(adv_BT, None, None, metrics)
+    _need("reinforce_plus_plus", token_rewards_N=token_rewards_N)
+    m = _token_mask("reinforce_plus_plus", layout, mask_N)
+    returns_N = ragged.reward_to_go(token_rewards_N, m, layout)
+    adv_N = ragged.whiten(returns_N, m, form=o["whiten_form"], eps=o["whiten_eps"])
+    return AdvantageResult(adv_N, None, None, {"num_valid_tokens": int(m.sum())})
 
 
-def _gae_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                 component_rewards_BK, options) -> AdvantageResult:
+def _gae_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewards_N, values_N, component_rewards_BK,
+               options) -> AdvantageResult:
     """GAE, then (``whiten``) advantages z-scored over the batch's valid tokens; returns from the raw A."""
     o = _options("gae", options)
-    _need("gae", token_rewards_BT=token_rewards_BT, values_BT=values_BT, mask_BT=mask_BT)
-    raw_BT, returns_BT = gae_advantages(token_rewards_BT, values_BT, mask_BT, gamma=o["gamma"], lam=o["lam"])
-    m = as_bool_mask(mask_BT)
+    _need("gae", token_rewards_N=token_rewards_N, values_N=values_N)
+    m = _token_mask("gae", layout, mask_N)
+    raw_N, returns_N = ragged.gae(token_rewards_N, values_N, m, layout, gamma=o["gamma"], lam=o["lam"])
     n = int(m.sum())
     metrics = {
         "num_valid_tokens": n,
-        "raw_advantage_mean": float(raw_BT[m].mean()) if n else 0.0,
-        "return_mean": float(returns_BT[m].mean()) if n else 0.0,
+        "raw_advantage_mean": float(raw_N[m].mean()) if n else 0.0,
+        "return_mean": float(returns_N[m].mean()) if n else 0.0,
     }
-    adv_BT = whiten(raw_BT, m, form=o["whiten_form"], eps=o["whiten_eps"]) if o["whiten"] else raw_BT
-    return AdvantageResult(adv_BT, None, returns_BT, metrics)
+    adv_N = ragged.whiten(raw_N, m, form=o["whiten_form"], eps=o["whiten_eps"]) if o["whiten"] else raw_N
+    return AdvantageResult(adv_N, None, returns_N, metrics)
 
 
-def _grpo_passk_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                      component_rewards_BK, options) -> AdvantageResult:
+def _grpo_passk_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewards_N, values_N, component_rewards_BK,
+                      options) -> AdvantageResult:
     o = _options("grpo_passk", options)
-    return _broadcast("grpo_passk", grpo_passk_advantages, rewards_B, group_index_B, mask_BT, dict(o))
+    return _broadcast("grpo_passk", grpo_passk_advantages, rewards_B, group_index_B, layout, mask_N, dict(o))
 
 
-def _sequence_result(adv_BT: np.ndarray, m: np.ndarray, metrics: dict) -> AdvantageResult:
+def _sequence_result(adv_N: np.ndarray, m: np.ndarray, layout: Layout, metrics: dict) -> AdvantageResult:
     """A token result whose tokens share their sequence's value (a whitened sequence advantage): A_i is
     that value (0 for a row without valid tokens), so the off-policy mask can read its sign."""
-    first_B = np.argmax(m, axis=1)
-    seq_B = np.where(m.any(axis=1), adv_BT[np.arange(m.shape[0]), first_B], 0.0)
-    return AdvantageResult(adv_BT, seq_B, None, metrics)
+    first_B = ragged.first_valid_token(m, layout)
+    seq_B = np.where(first_B >= 0, adv_N[np.maximum(first_B, 0)] if adv_N.size else 0.0, 0.0)
+    return AdvantageResult(adv_N, seq_B, None, metrics)
 
 
-def _reinforce_pp_baseline_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
+def _reinforce_pp_baseline_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewards_N, values_N,
                                  component_rewards_BK, options) -> AdvantageResult:
     o = _options("reinforce_plus_plus_baseline", options)
-    _need("reinforce_plus_plus_baseline", rewards_B=rewards_B, group_index_B=group_index_B, mask_BT=mask_BT)
-    adv_BT, metrics = reinforce_plus_plus_baseline_advantages(
-        rewards_B, group_index_B, mask_BT, singleton_groups=o["singleton_groups"], whiten_form=o["whiten_form"],
-        eps=o["whiten_eps"])
-    return _sequence_result(adv_BT, as_bool_mask(mask_BT), metrics)
+    _need("reinforce_plus_plus_baseline", rewards_B=rewards_B, group_index_B=group_index_B)
+    centred_B, metrics = baseline_centred_rewards(rewards_B, group_index_B, singleton_groups=o["singleton_groups"])
+    m = _mask("reinforce_plus_plus_baseline", layout, mask_N, centred_B.shape[0])
+    adv_N = ragged.whiten(_spread(centred_B, m, layout), m, form=o["whiten_form"], eps=o["whiten_eps"])
+    return _sequence_result(adv_N, m, layout, metrics)
 
 
 def _components(name, component_rewards_BK, rewards_B, weights) -> tuple[np.ndarray, np.ndarray]:
@@ -151,31 +170,31 @@ def _components(name, component_rewards_BK, rewards_B, weights) -> tuple[np.ndar
     return c_BK, np.asarray(weights, dtype=np.float64)
 
 
-def _gdpo_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                component_rewards_BK, options) -> AdvantageResult:
+def _gdpo_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewards_N, values_N, component_rewards_BK,
+                options) -> AdvantageResult:
     o = _options("gdpo", options)
-    _need("gdpo", group_index_B=group_index_B, mask_BT=mask_BT)
+    _need("gdpo", group_index_B=group_index_B)
     c_BK, w_K = _components("gdpo", component_rewards_BK, rewards_B, o["reward_weights"])
-    m = as_bool_mask(mask_BT)
-    adv_BT = gdpo_advantages(c_BK, group_index_B, m, weights_K=w_K, std_mode=o["std_mode"], eps=o["eps"],
-                             singleton_groups=o["singleton_groups"], whiten_form=o["whiten_form"],
-                             whiten_eps=o["whiten_eps"])
+    m = _mask("gdpo", layout, mask_N, c_BK.shape[0])
+    total_B = gdpo_weighted_sum(c_BK, group_index_B, weights_K=w_K, std_mode=o["std_mode"], eps=o["eps"],
+                                singleton_groups=o["singleton_groups"])
+    adv_N = ragged.whiten(_spread(total_B, m, layout), m, form=o["whiten_form"], eps=o["whiten_eps"])
     _, size_g, _, singleton_g, zero_var_g = group_stats(as_rewards(rewards_B), group_index_B)
-    return _sequence_result(adv_BT, m, {**group_metrics(size_g, singleton_g, zero_var_g),
-                                        "reward_components": int(c_BK.shape[1])})
+    return _sequence_result(adv_N, m, layout, {**group_metrics(size_g, singleton_g, zero_var_g),
+                                               "reward_components": int(c_BK.shape[1])})
 
 
-def _grpo_nts_entry(*, rewards_B, group_index_B, token_rewards_BT, values_BT, mask_BT,
-                    component_rewards_BK, options) -> AdvantageResult:
+def _grpo_nts_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewards_N, values_N, component_rewards_BK,
+                    options) -> AdvantageResult:
     o = _options("grpo_normalize_then_sum", options)
-    _need("grpo_normalize_then_sum", group_index_B=group_index_B, mask_BT=mask_BT)
+    _need("grpo_normalize_then_sum", group_index_B=group_index_B)
     c_BK, w_K = _components("grpo_normalize_then_sum", component_rewards_BK, rewards_B, o["reward_weights"])
     summed_B = normalize_then_sum(c_BK, group_index_B, weights_K=w_K, std_mode=o["std_mode"], eps=o["eps"])
     adv_B = np.nan_to_num(sequence_zscore(summed_B, std_mode=o["std_mode"], eps=o["eps"]), nan=0.0)
-    m = as_bool_mask(mask_BT)
+    m = _mask("grpo_normalize_then_sum", layout, mask_N, adv_B.shape[0])
     _, size_g, _, singleton_g, zero_var_g = group_stats(as_rewards(rewards_B), group_index_B)
     metrics = {**group_metrics(size_g, singleton_g, zero_var_g), "reward_components": int(c_BK.shape[1])}
-    return AdvantageResult(np.where(m, adv_B[:, None], 0.0), adv_B, None, metrics)
+    return AdvantageResult(_spread(adv_B, m, layout), adv_B, None, metrics)
 
 
 AdvantageEstimator = Callable[..., AdvantageResult]

@@ -63,18 +63,24 @@ def reinforce_plus_plus_baseline_advantages(rewards_B, group_index_B, mask_BT, *
     Shapes: rewards_B [B], group_index_B [B], mask_BT [B, T] -> (token_advantages_BT [B, T] float64,
     0 at padding; metrics). Reference: Hu 2025, REINFORCE++ (arXiv:2501.03262).
     """
+    m = as_bool_mask(mask_BT)
+    centred_B, metrics = baseline_centred_rewards(rewards_B, group_index_B, singleton_groups=singleton_groups)
+    if m.shape[0] != centred_B.shape[0]:
+        raise ValueError(f"mask_BT has {m.shape[0]} rows, rewards_B has {centred_B.shape[0]}")
+    return whiten(np.where(m, centred_B[:, None], 0.0), m, form=whiten_form, eps=eps), metrics
+
+
+def baseline_centred_rewards(rewards_B, group_index_B, *, singleton_groups: str) -> tuple[np.ndarray, dict]:
+    """REINFORCE++-baseline's sequence part: `R - mean_g R` (singletons per `singleton_groups`, zero-variance
+    groups exactly 0), before it is broadcast to the tokens and whitened. Shapes: [B] -> ([B], metrics)."""
     check_singleton_groups(singleton_groups)
     r_B = as_rewards(rewards_B)
-    m = as_bool_mask(mask_BT)
-    if m.shape[0] != r_B.shape[0]:
-        raise ValueError(f"mask_BT has {m.shape[0]} rows, rewards_B has {r_B.shape[0]}")
     inv_B, size_g, mean_g, singleton_g, zero_var_g = group_stats(r_B, group_index_B)
     centred_B = r_B - mean_g[inv_B]
     alone_B = singleton_g[inv_B]
     centred_B[alone_B] = r_B[alone_B] if singleton_groups == "uncentered" else 0.0
     centred_B[zero_var_g[inv_B]] = 0.0  # exactly 0, not the float residue of mean - R
-    adv_BT = whiten(np.where(m, centred_B[:, None], 0.0), m, form=whiten_form, eps=eps)
-    return adv_BT, group_metrics(size_g, singleton_g, zero_var_g)
+    return centred_B, group_metrics(size_g, singleton_g, zero_var_g)
 
 
 def _nan_group_zscore(x_B, inv_B, num_groups, *, ddof: int, eps: float) -> np.ndarray:
@@ -169,14 +175,23 @@ def gdpo_advantages(component_rewards_BK, group_index_B, mask_BT, *, weights_K, 
     Shapes: component_rewards_BK [B, K], group_index_B [B], mask_BT [B, T] -> token_advantages_BT [B, T].
     Reference: Liu et al. 2026, GDPO (arXiv:2601.05242); verl `compute_gdpo_outcome_advantage`.
     """
+    m = as_bool_mask(mask_BT)
+    total_B = gdpo_weighted_sum(component_rewards_BK, group_index_B, weights_K=weights_K, std_mode=std_mode, eps=eps,
+                                singleton_groups=singleton_groups)
+    return whiten(np.where(m, total_B[:, None], 0.0), m, form=whiten_form, eps=whiten_eps)
+
+
+def gdpo_weighted_sum(component_rewards_BK, group_index_B, *, weights_K, std_mode: str, eps: float,
+                      singleton_groups: str) -> np.ndarray:
+    """GDPO's sequence part: `sum_k w_k GRPO_k(R_k)`, before it is broadcast to the tokens and whitened.
+    Shapes: component_rewards_BK [B, K], group_index_B [B], weights_K [K] -> [B] float64."""
     c_BK = np.asarray(component_rewards_BK, dtype=np.float64)
     w_K = np.asarray(weights_K, dtype=np.float64)
     if c_BK.ndim != 2 or w_K.shape != (c_BK.shape[1],):
         raise ValueError(f"component_rewards_BK must be [B, K] and weights_K [K], got {c_BK.shape}, {w_K.shape}")
-    m = as_bool_mask(mask_BT)
     total_B = np.zeros(c_BK.shape[0])
     for k in range(c_BK.shape[1]):
         adv_B, _ = grpo_advantages(c_BK[:, k], group_index_B, std_mode=std_mode, eps=eps,
                                    singleton_groups=singleton_groups, std_scope="group")
         total_B += w_K[k] * adv_B
-    return whiten(np.where(m, total_B[:, None], 0.0), m, form=whiten_form, eps=whiten_eps)
+    return total_B

@@ -156,13 +156,15 @@ def _kind(dtype: pl.DataType) -> str:
     return str(dtype)
 
 
-def _conform(df: pl.DataFrame, schema: ArtifactSchema, source: str, *, allow_cast: bool) -> pl.DataFrame:
+def _conform(df: pl.DataFrame, schema: ArtifactSchema, source: str, *, allow_cast: bool,
+             only: list[str] | None = None) -> pl.DataFrame:
     """Check columns and dtypes; return the frame in canonical column order and dtypes.
 
     On write, numeric widths are cast to the schema (a producer may hand Int64 where Int32 is
     stored) but never across kinds (float into int). On read, dtypes must match exactly.
+    ``only``: the columns a selective read asked for (the keys among them); the others are not checked.
     """
-    missing = [c for c in schema.column_names if c not in df.columns]
+    missing = [c for c in (schema.column_names if only is None else only) if c not in df.columns]
     if missing:
         raise ArtifactError(f"{source}: missing column(s) {missing} required by the {schema.name!r} schema")
     extra = [c for c in df.columns if c not in schema.column_by_name and not schema.is_dynamic(c)]
@@ -172,6 +174,8 @@ def _conform(df: pl.DataFrame, schema: ArtifactSchema, source: str, *, allow_cas
             f"{source}: unexpected column(s) {extra}; the {schema.name!r} schema has {schema.column_names}{allowed}")
     dynamic = [c for c in df.columns if c not in schema.column_by_name]
     expected = schema.polars_schema(dynamic)
+    if only is not None:
+        expected = {name: dtype for name, dtype in expected.items() if name in df.columns}
     columns = []
     for name, want in expected.items():
         have = df.schema[name]
@@ -185,7 +189,7 @@ def _conform(df: pl.DataFrame, schema: ArtifactSchema, source: str, *, allow_cas
             raise ArtifactError(f"{source}: column {name!r} does not fit dtype {want}: {e}") from None
     out = pl.DataFrame(columns)
     for col in schema.columns:
-        if not col.nullable:
+        if not col.nullable and col.name in out.columns:
             nulls = out[col.name].null_count()
             if nulls:
                 raise ArtifactError(f"{source}: column {col.name!r} has {nulls} null value(s) but may not be null")
@@ -274,8 +278,13 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
-def read_artifact(path: str | os.PathLike, schema: ArtifactSchema) -> Artifact:
-    """Read and validate an artifact; refuse another artifact kind or schema version."""
+def read_artifact(path: str | os.PathLike, schema: ArtifactSchema, *, columns: list[str] | None = None) -> Artifact:
+    """Read and validate an artifact; refuse another artifact kind or schema version.
+
+    ``columns``: read only these (and the keys), and check only them. Why: a stage that needs 7 of the
+    rollouts' 19 columns should not hold the token ids and texts it never looks at (at 67M tokens
+    those are gigabytes). The frame then holds the keys first and the columns in schema order.
+    """
     p = Path(path)
     meta = read_metadata(p)
     if meta.get("artifact") != schema.name:
@@ -284,11 +293,17 @@ def read_artifact(path: str | os.PathLike, schema: ArtifactSchema) -> Artifact:
         raise ArtifactError(
             f"{p}: schema version {meta.get('schema_version')} but this rlpipe reads version {SCHEMA_VERSION}; "
             "re-run the stage that produced it")
+    only = None if columns is None else list(dict.fromkeys([*schema.keys, *columns]))
+    if only is not None:
+        stored = pq.read_schema(p).names
+        absent = [c for c in only if c not in stored]
+        if absent:
+            raise ArtifactError(f"{p}: missing column(s) {absent} required by the {schema.name!r} schema")
     try:
-        frame = pl.from_arrow(pq.read_table(p))
+        frame = pl.from_arrow(pq.read_table(p, columns=only))
     except (pa.ArrowInvalid, OSError) as e:
         raise ArtifactError(f"{p}: not a readable Parquet file (truncated or corrupt?): {e}") from None
-    return Artifact(frame=_conform(frame, schema, str(p), allow_cast=False), metadata=meta, path=p)
+    return Artifact(frame=_conform(frame, schema, str(p), allow_cast=False, only=only), metadata=meta, path=p)
 
 
 def read_table_file(path: str | os.PathLike, *, name: str | os.PathLike | None = None) -> pl.DataFrame:
@@ -336,7 +351,9 @@ def join_on_keys(left: Artifact, right: Artifact, *, keys: tuple[str, ...] = ("p
         if only_right.height:
             parts.append(f"{only_right.height} key(s) only in {right.path}, e.g. {only_right.row(0, named=True)}")
         raise ArtifactError(f"keys do not match between {left.path} and {right.path}: " + "; ".join(parts))
-    joined = left.frame.join(right.frame.select([*keys, *rcols]), on=list(keys), how="inner")
+    joined = _aligned(left.frame, lk, right.frame.select(rcols), rk, keys)
+    if joined is None:
+        joined = left.frame.join(right.frame.select([*keys, *rcols]), on=list(keys), how="inner").sort(list(keys))
     if "completion_length" in joined.columns:
         for c in rcols:
             if isinstance(joined.schema[c], pl.List):
@@ -347,4 +364,21 @@ def join_on_keys(left: Artifact, right: Artifact, *, keys: tuple[str, ...] = ("p
                         f"{right.path}: column {c!r} has {len(row[c])} entries but the rollout has "
                         f"{row['completion_length']} completion tokens at key "
                         f"{ {k: row[k] for k in keys} } ({bad.height} row(s) affected)")
-    return joined.sort(list(keys))
+    return joined
+
+
+def _aligned(left: pl.DataFrame, lk: pl.DataFrame, right_columns: pl.DataFrame, rk: pl.DataFrame,
+             keys: tuple[str, ...]) -> pl.DataFrame | None:
+    """The two sides side by side when their keys already agree row by row in sorted order, else None.
+
+    Why: every artifact is written sorted by its keys, so reading two tables of one iteration gives
+    rows in the same order; putting the columns side by side shares their memory, where a join
+    gathers a copy of every column and sorting it makes another.
+    """
+    if right_columns.width and (set(right_columns.columns) & set(left.columns)):
+        return None
+    if not lk.equals(rk) or not lk.equals(lk.sort(list(keys))):
+        return None
+    # the flag a sort leaves: polars takes its sorted-groups path in `over` and `group_by`, whose float
+    # sums round differently from the hash path, so without it a statistic could move in the last bit
+    return left.hstack(right_columns).with_columns(pl.col(keys[0]).set_sorted())

@@ -16,22 +16,19 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from rlpipe.algorithms.advantages import adaptive_kl_beta, kl_penalized_token_rewards, token_kl
+from rlpipe.algorithms import ragged
+from rlpipe.algorithms.advantages import adaptive_kl_beta
 from rlpipe.algorithms.estimators import get_advantage_estimator
+from rlpipe.algorithms.ragged import Layout
 from rlpipe.config import AdvantageConfig, Params
 from rlpipe.data.io import Artifact, join_on_keys, read_artifact, require_critic_values
-from rlpipe.data.schema import REF_LOGPROBS, ROLLOUTS, SCORES, VALUES, component_column
+from rlpipe.data.lists import flat_values, list_column
+from rlpipe.data.schema import REF_LOGPROBS, ROLLOUTS, SCORES, TOKEN_FLOATS, VALUES, component_column
 from rlpipe.errors import ArtifactError
 
 FILTER_ZERO_VARIANCE = "zero_variance_group"
 FILTER_TRUNCATED = "truncated"
 FILTER_INFRA_ERROR = "infra_error"  # the rollout's environment failed (docs/multi-turn.md): not the model's doing
-
-
-def padded_mask(lengths: np.ndarray) -> np.ndarray:
-    """[B, T] float mask of valid completion tokens for ragged lengths (T = max length)."""
-    width = int(lengths.max()) if lengths.size else 0
-    return (np.arange(width)[None, :] < lengths[:, None]).astype(np.float64)
 
 
 def estimator_options(cfg: AdvantageConfig, reward_weights: list[float] | None = None) -> dict[str, Any]:
@@ -49,14 +46,6 @@ def estimator_options(cfg: AdvantageConfig, reward_weights: list[float] | None =
         "gdpo": {**group, "singleton_groups": cfg.singleton_groups, **whitening, "reward_weights": reward_weights},
         "grpo_normalize_then_sum": {**group, "reward_weights": reward_weights},
     }.get(cfg.estimator, {})
-
-
-def padded(rows: list, lengths: np.ndarray) -> np.ndarray:
-    """Ragged per-token lists -> [B, T] float64, 0 beyond each length."""
-    out = np.zeros((len(rows), int(lengths.max()) if lengths.size else 0), dtype=np.float64)
-    for i, (r, n) in enumerate(zip(rows, lengths)):
-        out[i, :n] = np.asarray(r, dtype=np.float64)[:n]
-    return out
 
 
 def kl_controller_state(cfg: AdvantageConfig, kl_B: np.ndarray | None) -> dict[str, Any]:
@@ -127,12 +116,14 @@ def compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights:
     left_out = rows.filter(pl.Series(left))
     reasons = [FILTER_INFRA_ERROR if bad else None for bad in infra[left]]
     groups = frame.group_by("prompt_id").agg(pl.col("group_size", "group_reward_mean", "group_reward_std").first())
-    zeros = [[0.0] * n for n in left_out["completion_length"].to_list()]
+    lengths = left_out["completion_length"].to_numpy()
+    zeros = list_column("token_advantages", np.zeros(int(lengths.sum()), dtype=np.float32), lengths, TOKEN_FLOATS)
     extra = left_out.select("prompt_id", "sample_idx").join(groups, on="prompt_id", how="left").with_columns(
         pl.col("group_size").fill_null(0), pl.col("group_reward_mean", "group_reward_std").fill_null(0.0),
         pl.lit(None if cfg.uses_token_rewards else 0.0, dtype=pl.Float32).alias("advantage"),
-        pl.Series("token_advantages", zeros, dtype=pl.List(pl.Float32)),
-        pl.Series("returns", zeros if cfg.needs_critic else [None] * left_out.height, dtype=pl.List(pl.Float32)),
+        zeros,
+        zeros.alias("returns") if cfg.needs_critic else pl.Series("returns", [None] * left_out.height,
+                                                                   dtype=TOKEN_FLOATS),
         pl.Series("filtered_reason", reasons, dtype=pl.String),
     ).select(frame.columns)
     metrics["num_samples"] = rows.height
@@ -147,18 +138,21 @@ def _compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights
     rewards = rows["reward"].to_numpy().astype(np.float64)
     groups = rows["prompt_id"].to_numpy()
     lengths = rows["completion_length"].to_numpy().astype(np.int64)
-    mask = padded_mask(lengths)
-    if "policy_mask" in rows.columns:  # observation tokens of multi-turn rollouts are not the policy's actions
-        mask = mask * padded(rows["policy_mask"].to_list(), lengths)
+    layout = Layout.from_lengths(lengths)
+    # observation tokens of multi-turn rollouts are not the policy's actions
+    mask = (flat_values(rows["policy_mask"], bool) if "policy_mask" in rows.columns
+            else np.ones(layout.num_tokens, dtype=bool))
     token_rewards = values = kl_B = None
     if cfg.uses_token_rewards:
-        old = padded(rows["sampler_logprobs"].to_list(), lengths)
-        ref = padded(rows["ref_logprobs"].to_list(), lengths)
+        old = flat_values(rows["sampler_logprobs"], np.float64)
+        ref = flat_values(rows["ref_logprobs"], np.float64)
         k = cfg.kl_in_reward
-        token_rewards = kl_penalized_token_rewards(rewards, old, ref, mask, beta=k.beta, estimator=k.estimator)
-        kl_B = token_kl(old, ref, mask, estimator=k.estimator).sum(axis=1)
+        token_rewards = ragged.kl_penalized_token_rewards(rewards, old, ref, mask, layout, beta=k.beta,
+                                                          estimator=k.estimator)
+        kl_B = ragged.row_sums(ragged.token_kl(old, ref, mask, estimator=k.estimator), layout)
+        del old, ref
     if cfg.needs_critic:
-        values = padded(rows["values"].to_list(), lengths)
+        values = flat_values(rows["values"], np.float64)
     ddof = 1 if cfg.std_mode == "sample" else 0
     stats = rows.select(
         "prompt_id", "sample_idx", "truncated",
@@ -174,8 +168,8 @@ def _compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights
         reason[zero_var] = FILTER_ZERO_VARIANCE
     # Token-level estimators normalise over the batch's tokens: rows left out of the loss stay out of
     # those statistics too (a group estimator's rows only see their own group).
-    kept_B = np.array([r is None for r in reason])
-    estimator_mask = mask * kept_B[:, None] if cfg.uses_token_rewards else mask
+    kept_B = np.array([r is None for r in reason], dtype=bool)
+    estimator_mask = mask & layout.broadcast(kept_B) if cfg.uses_token_rewards else mask
     components = weights = None
     if cfg.uses_reward_components:
         if not reward_weights:
@@ -183,18 +177,18 @@ def _compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights
         components = np.stack([rows[c].cast(pl.Float64).fill_null(np.nan).to_numpy() for c in reward_weights], axis=1)
         weights = list(reward_weights.values())
     estimator = get_advantage_estimator(cfg.estimator)
-    result = estimator(rewards_B=rewards, group_index_B=groups, token_rewards_BT=token_rewards, values_BT=values,
-                       mask_BT=estimator_mask, component_rewards_BK=components,
+    result = estimator(rewards_B=rewards, group_index_B=groups, layout=layout, mask_N=estimator_mask,
+                       token_rewards_N=token_rewards, values_N=values, component_rewards_BK=components,
                        options=estimator_options(cfg, weights))
-    token_adv = [result.token_advantages_BT[i, :n].astype(np.float32).tolist() for i, n in enumerate(lengths)]
+    del values
     seq_adv = result.sequence_advantages_B
-    returns = ([result.returns_BT[i, :n].astype(np.float32).tolist() for i, n in enumerate(lengths)]
-               if result.returns_BT is not None else [None] * rows.height)
+    returns = (list_column("returns", result.returns_N.astype(np.float32), lengths, TOKEN_FLOATS)
+               if result.returns_N is not None else pl.Series("returns", [None] * rows.height, dtype=TOKEN_FLOATS))
     frame = stats.drop("truncated").with_columns(
         pl.Series("advantage", [None] * rows.height if seq_adv is None else seq_adv.astype(np.float32),
                   dtype=pl.Float32),
-        pl.Series("token_advantages", token_adv, dtype=pl.List(pl.Float32)),
-        pl.Series("returns", returns, dtype=pl.List(pl.Float32)),
+        list_column("token_advantages", result.token_advantages_N.astype(np.float32), lengths, TOKEN_FLOATS),
+        returns,
         pl.Series("filtered_reason", reason.tolist(), dtype=pl.String),
     )
     kept = frame["filtered_reason"].is_null()
@@ -210,13 +204,11 @@ def _compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights
     }
     kl_state = kl_controller_state(cfg, kl_B)
     if kl_B is not None:
-        valid = mask.astype(bool)
         metrics.update({"kl_reward_beta": kl_state["beta"], "kl_reward_observed": kl_state["observed_kl"],
                         "kl_reward_next_beta": kl_state["next_beta"],
-                        "token_reward_mean": float(token_rewards[valid].mean()) if valid.any() else 0.0})
+                        "token_reward_mean": float(token_rewards[mask].mean()) if mask.any() else 0.0})
     if seq_adv is None:  # token-level estimators: report the token advantages' spread instead
-        valid = estimator_mask.astype(bool)
-        flat = result.token_advantages_BT[valid]
+        flat = result.token_advantages_N[estimator_mask]
         metrics["advantage_mean"] = float(flat.mean()) if flat.size else 0.0
         metrics["advantage_abs_mean"] = float(np.abs(flat).mean()) if flat.size else 0.0
     return frame, metrics, kl_state
@@ -244,18 +236,22 @@ def read_rows(p: Params, *, rollouts: str, scores: str, ref_logprobs: str | None
     """The rollouts, and one row per sample with exactly the columns the estimator reads: rewards (checked
     finite), and the reference log-probs and critic values for the estimators that need them."""
     cfg = p.advantage
-    roll = read_artifact(rollouts, ROLLOUTS)
-    rows = join_on_keys(roll, read_artifact(scores, SCORES), columns=["reward", *(weights or {})])
+    needed = ["completion_length", "truncated", "policy_mask", "finish_reason"]
+    roll = read_artifact(rollouts, ROLLOUTS, columns=needed + (["sampler_logprobs"] if cfg.uses_token_rewards else []))
+    score_columns = ["reward", *(weights or {})]
+    rows = join_on_keys(roll, read_artifact(scores, SCORES, columns=score_columns), columns=score_columns)
     check_finite_rewards(rows, scores, allow_nan=cfg.nan_rewards == "zero_advantage")
     wanted = ["prompt_id", "sample_idx", "reward", "completion_length", "truncated", "policy_mask",
               "finish_reason", *(weights or {})]
     if cfg.uses_token_rewards:
         rows = join_on_keys(roll.with_frame(rows),
-                            read_artifact(_required(ref_logprobs, "--ref-logprobs", cfg.estimator), REF_LOGPROBS),
+                            read_artifact(_required(ref_logprobs, "--ref-logprobs", cfg.estimator), REF_LOGPROBS,
+                                          columns=["ref_logprobs"]),
                             columns=["ref_logprobs"])
         wanted += ["sampler_logprobs", "ref_logprobs"]
     if cfg.needs_critic:
-        table = require_critic_values(read_artifact(_required(values, "--values", cfg.estimator), VALUES))
+        table = require_critic_values(read_artifact(_required(values, "--values", cfg.estimator), VALUES,
+                                                    columns=["values"]))
         rows = join_on_keys(roll.with_frame(rows), table, columns=["values"])
         wanted += ["values"]
     return roll, rows.select(wanted)

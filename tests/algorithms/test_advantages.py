@@ -23,6 +23,7 @@ from rlpipe.algorithms.estimators import (
     AdvantageResult,
     get_advantage_estimator,
 )
+from rlpipe.algorithms.ragged import Layout
 from rlpipe.algorithms.group_advantages import (
     exclude_unscorable,
     gdpo_advantages,
@@ -271,9 +272,22 @@ def test_adaptive_kl_beta_by_hand():
 
 
 def _call(name, options, **inputs):
-    base = dict(rewards_B=None, group_index_B=None, token_rewards_BT=None, values_BT=None, mask_BT=None,
+    """The registry on dense test inputs: [B, T] arrays read row by row as a flat layout of B rows of T."""
+    base = dict(rewards_B=None, group_index_B=None, layout=None, mask_N=None, token_rewards_N=None, values_N=None,
                 component_rewards_BK=None)
+    mask = inputs.pop("mask_BT", None)
+    if mask is not None:
+        mask = np.asarray(mask)
+        inputs["layout"] = Layout.dense(*mask.shape)
+        inputs["mask_N"] = mask.reshape(-1)
+    for dense, flat in (("token_rewards_BT", "token_rewards_N"), ("values_BT", "values_N")):
+        if dense in inputs:
+            inputs[flat] = np.asarray(inputs.pop(dense), dtype=np.float64).reshape(-1)
     return get_advantage_estimator(name)(**{**base, **inputs}, options=options)
+
+
+def _dense(x_N, like):
+    return np.asarray(x_N).reshape(np.asarray(like).shape)
 
 
 def test_registry_names_and_options_table_agree():
@@ -286,10 +300,10 @@ def test_registry_grpo_broadcasts_to_valid_tokens():
     mask = np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]], bool)
     options = {"std_mode": "population", "eps": 1e-6, "singleton_groups": "zero", "std_scope": "group"}
     result = _call("grpo", options, rewards_B=REWARDS, group_index_B=[0] * 4, mask_BT=mask)
-    assert isinstance(result, AdvantageResult) and result.returns_BT is None
+    assert isinstance(result, AdvantageResult) and result.returns_N is None
     a = result.sequence_advantages_B
     np.testing.assert_allclose(a, [1.2649, 0.6325, -0.6325, -1.2649], atol=1e-4)
-    np.testing.assert_array_equal(result.token_advantages_BT, np.where(mask, a[:, None], 0.0))
+    np.testing.assert_array_equal(_dense(result.token_advantages_N, mask), np.where(mask, a[:, None], 0.0))
     with pytest.raises(AttributeError):
         result.metrics = {}  # frozen
 
@@ -319,16 +333,16 @@ def test_registry_every_entry_runs_with_its_options():
     }
     assert set(options) == set(ADVANTAGE_ESTIMATORS)
     for name in ADVANTAGE_ESTIMATORS:
-        result = _call(name, options[name], **inputs)
-        assert result.token_advantages_BT.shape == (2, 3)
-        assert np.all(result.token_advantages_BT[~mask] == 0.0)
-    np.testing.assert_allclose(_call("rloo", {}, **inputs).sequence_advantages_B, [1.0, -1.0])
-    gae = _call("gae", options["gae"], **inputs)
+        result = _call(name, options[name], **dict(inputs))
+        assert result.token_advantages_N.shape == (6,)
+        assert np.all(_dense(result.token_advantages_N, mask)[~mask] == 0.0)
+    np.testing.assert_allclose(_call("rloo", {}, **dict(inputs)).sequence_advantages_B, [1.0, -1.0])
+    gae = _call("gae", options["gae"], **dict(inputs))
     # GAE through the registry is whitened over valid tokens (ALGORITHMS.md); returns use the raw A
-    assert abs(gae.token_advantages_BT[mask].mean()) < 1e-12
+    assert abs(_dense(gae.token_advantages_N, mask)[mask].mean()) < 1e-12
     raw, ret = gae_advantages(inputs["token_rewards_BT"], inputs["values_BT"], mask, gamma=1.0, lam=0.95)
-    np.testing.assert_array_equal(gae.returns_BT, ret)
-    np.testing.assert_allclose(gae.token_advantages_BT, whiten(raw, mask, form="std", eps=1e-6))
+    np.testing.assert_array_equal(_dense(gae.returns_N, mask), ret)
+    np.testing.assert_allclose(_dense(gae.token_advantages_N, mask), whiten(raw, mask, form="std", eps=1e-6))
 
 
 def test_registry_missing_unknown_option_and_missing_input():
@@ -340,7 +354,7 @@ def test_registry_missing_unknown_option_and_missing_input():
         options = {"std_mode": "sample", "eps": 1e-6, "singleton_groups": "zero", "std_scope": "group",
                    "std_mod": "x"}
         _call("grpo", options, rewards_B=[1.0], group_index_B=[0], mask_BT=[[1]])
-    with pytest.raises(ValueError, match="values_BT"):
+    with pytest.raises(ValueError, match="values_N"):
         _call("gae", {"gamma": 1.0, "lam": 1.0, "whiten": True, "whiten_form": "std", "whiten_eps": 1e-6},
               token_rewards_BT=[[1.0]], mask_BT=[[1]])
 
@@ -381,8 +395,8 @@ def test_gae_entry_without_whitening_returns_raw_advantages():
     options = {"gamma": 1.0, "lam": 1.0, "whiten": False, "whiten_form": "std", "whiten_eps": 1e-6}
     result = _call("gae", options, **inputs)
     # delta_1 = 1 - 0.25 = 0.75; delta_0 = 0 + 0.25 - 0.5 = -0.25; A_0 = -0.25 + 0.75 = 0.5
-    np.testing.assert_allclose(result.token_advantages_BT, [[0.5, 0.75]])
-    np.testing.assert_allclose(result.returns_BT, [[1.0, 1.0]])
+    np.testing.assert_allclose(result.token_advantages_N, [0.5, 0.75])
+    np.testing.assert_allclose(result.returns_N, [1.0, 1.0])
 
 
 # ---------------------------------------------------------------------------- pass@k, REINFORCE++-baseline,

@@ -1,0 +1,298 @@
+"""The data path at scale: time and peak memory of each CPU stage over large synthetic iterations.
+
+    python benchmarks/data_path.py build DIR --rows 32768 --lengths uniform      # 16.8M completion tokens
+    python benchmarks/data_path.py run DIR [--repo PATH] [--steps advantage:grpo,score,...]
+    python benchmarks/data_path.py sweep --rows 32768,65536 --lengths uniform,tail [--repo OLD]
+
+``build`` writes schema-valid tables with rlpipe's own writer: rollouts (16 samples per prompt, 128
+prompt tokens, uniform token ids, float32 log-probs), scores, ref_logprobs and critic values, plus the
+prompt table score reads. Lengths: ``uniform`` (every completion 512 tokens) or ``tail`` (99% uniform
+in [256, 776], 1% at the 8,192 cap: mean ~593, the long tail real reasoning runs have); ``--multi-turn``
+masks an observation span in 30% of the rows (policy_mask false), as tool results do.
+
+``run`` runs each step by its own command line (the stage scripts, and ``rlpipe inspect``) in a fresh
+process and reports wall time and peak RSS (``wait4``), and the multiplier of peak RSS over the Arrow
+size of the columns the step needs. ``--repo`` runs another checkout's code (e.g. an older commit, via a
+git worktree) on the same tables, so two versions are measured side by side. ``train_data`` is train's
+data path without a model: read and join the tables, then build the trainer's inputs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import typer
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+GROUP = 16
+PROMPT_TOKENS = 128
+VOCAB = 32000
+CAP = 8192
+
+app = typer.Typer(add_completion=False)
+
+
+def completion_lengths(rows: int, kind: str, rng: np.random.Generator) -> np.ndarray:
+    if kind == "uniform":
+        return np.full(rows, 512, dtype=np.int32)
+    if kind == "tail":
+        lengths = rng.integers(256, 777, size=rows).astype(np.int32)
+        lengths[rng.random(rows) < 0.01] = CAP
+        return lengths
+    raise typer.BadParameter(f"--lengths must be uniform or tail, got {kind!r}")
+
+
+def ragged(values: np.ndarray, lengths: np.ndarray) -> pa.ListArray:
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def series(name: str, arrow: pa.Array) -> pl.Series:
+    return pl.Series(name, arrow)
+
+
+def policy_masks(lengths: np.ndarray, multi_turn: bool, rng: np.random.Generator) -> np.ndarray:
+    mask = np.ones(int(lengths.sum()), dtype=bool)
+    if multi_turn:
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        for i in np.nonzero(rng.random(lengths.size) < 0.3)[0]:
+            n = int(lengths[i])
+            a = int(rng.integers(1, max(2, n // 2)))
+            mask[starts[i] + a:starts[i] + min(n - 1, a + 40)] = False
+    return mask
+
+
+def rollouts_frame(rows: int, lengths: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> pl.DataFrame:
+    tokens = int(lengths.sum())
+    pid = np.repeat(np.arange(rows // GROUP), GROUP)
+    sid = np.tile(np.arange(GROUP), rows // GROUP)
+    prompt_lengths = np.full(rows, PROMPT_TOKENS, dtype=np.int32)
+    logp = np.log(rng.uniform(0.01, 1.0, size=tokens)).astype(np.float32)
+    return pl.DataFrame([
+        pl.Series("prompt_id", pid, dtype=pl.Int64), pl.Series("sample_idx", sid, dtype=pl.Int32),
+        pl.Series("policy_version", np.zeros(rows, dtype=np.int64)),
+        pl.Series("sample_seed", np.arange(rows, dtype=np.int64)),
+        series("prompt_token_ids", ragged(rng.integers(0, VOCAB, rows * PROMPT_TOKENS, dtype=np.int32),
+                                          prompt_lengths)),
+        series("completion_token_ids", ragged(rng.integers(0, VOCAB, tokens, dtype=np.int32), lengths)),
+        pl.Series("completion_text", [f"the answer is {i % 97}" for i in range(rows)]),
+        pl.Series("completion_length", lengths, dtype=pl.Int32),
+        series("sampler_logprobs", ragged(logp, lengths)),
+        pl.Series("finish_reason", np.where(lengths >= CAP, "length", "stop")),
+        pl.Series("truncated", lengths >= CAP),
+        series("policy_mask", ragged(mask, lengths)),
+        pl.Series("num_turns", np.ones(rows, dtype=np.int32)),
+        pl.Series("turn_starts", [[0]] * rows, dtype=pl.List(pl.Int32)),
+        pl.Series("turn_texts", [None] * rows, dtype=pl.List(pl.String)),
+        pl.Series("turn_rewards", [[None]] * rows, dtype=pl.List(pl.Float64)),
+        pl.Series("tool_calls", [[]] * rows, dtype=pl.List(pl.Struct({
+            "turn": pl.Int32, "name": pl.String, "arguments": pl.String, "status": pl.String, "result": pl.String}))),
+        pl.Series("environment_error", [None] * rows, dtype=pl.String),
+        pl.Series("tokenizer_hash", ["0123456789abcdef"] * rows),
+    ])
+
+
+@app.command()
+def build(out: Path, rows: int = typer.Option(32768), lengths: str = typer.Option("uniform"),
+          multi_turn: bool = typer.Option(False), seed: int = typer.Option(0)) -> None:
+    """Write rollouts, prompts, scores, ref_logprobs and values for one synthetic iteration into OUT."""
+    from rlpipe.data.io import write_artifact
+    from rlpipe.data.schema import PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, VALUES
+
+    if rows % GROUP:
+        raise typer.BadParameter(f"--rows must be a multiple of {GROUP}")
+    rng = np.random.default_rng(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    n = completion_lengths(rows, lengths, rng)
+    mask = policy_masks(n, multi_turn, rng)
+    roll = rollouts_frame(rows, n, mask, rng)
+    keys = roll.select("prompt_id", "sample_idx")
+    write_artifact(roll.drop(), out / "rollouts.parquet", ROLLOUTS, metadata={"policy_version": 0})
+    num_prompts = rows // GROUP
+    write_artifact(pl.DataFrame({"prompt_id": np.arange(num_prompts), "prompt": ["q"] * num_prompts,
+                                 "prompt_token_ids": [[1, 2]] * num_prompts,
+                                 "answer": [str(i % 97) for i in range(num_prompts)],
+                                 "metadata": ["{}"] * num_prompts}), out / "prompts.parquet", PROMPTS)
+    reward = rng.integers(0, 2, size=rows).astype(np.float64)
+    write_artifact(keys.with_columns(pl.Series("reward", reward), pl.Series("correct", reward > 0),
+                                     pl.Series("score_error", [None] * rows, dtype=pl.String),
+                                     pl.Series("reward_exact_answer", reward)), out / "scores.parquet", SCORES)
+    tokens = int(n.sum())
+    ref = roll["sampler_logprobs"].list.explode().to_numpy() + rng.normal(0, 0.05, tokens).astype(np.float32)
+    write_artifact(keys.with_columns(pl.lit(0, dtype=pl.Int64).alias("reference_version"),
+                                     series("ref_logprobs", ragged(ref.astype(np.float32), n))),
+                   out / "ref_logprobs.parquet", REF_LOGPROBS, metadata={"policy_version": 0})
+    write_artifact(keys.with_columns(series("values", ragged(rng.normal(0.5, 0.2, tokens).astype(np.float32), n))),
+                   out / "values.parquet", VALUES, metadata={"policy_version": 0, "critic": "synthetic",
+                                                             "estimator": "gae"})
+    (out / "shape.json").write_text(json.dumps({"rows": rows, "lengths": lengths, "multi_turn": multi_turn,
+                                                "tokens": tokens, "seed": seed}) + "\n")
+    print(f"{out}: {rows} rows, {tokens / 1e6:.1f}M completion tokens")
+
+
+def params_for(data: Path, estimator: str) -> Path:
+    base = yaml.safe_load((ROOT / "params.yaml").read_text())
+    base["advantage"]["estimator"] = estimator
+    base["score"]["rewards"] = [{"name": "exact_answer", "weight": 1.0,
+                                 "options": {"answer_prefix": None, "tolerance": 0.0, "case_sensitive": True}}]
+    base["score"]["accuracy_reward"] = "exact_answer"
+    path = data / f"params-{estimator}.yaml"
+    path.write_text(yaml.safe_dump(base, sort_keys=False))
+    return path
+
+
+def step_command(step: str, data: Path, repo: Path, out: Path) -> list[str]:
+    """The command line of one step, run with ``repo``'s code on the tables in ``data``."""
+    py = sys.executable
+    name, _, estimator = step.partition(":")
+    if name == "advantage":
+        p = params_for(data, estimator)
+        return [py, str(repo / "stages/advantage.py"), "--params", str(p), "--rollouts", str(data / "rollouts.parquet"),
+                "--scores", str(data / "scores.parquet"), "--ref-logprobs", str(data / "ref_logprobs.parquet"),
+                "--values", str(data / "values.parquet"), "--out", str(out / f"advantages-{estimator}.parquet"),
+                "--kl-controller", str(out / f"kl-{estimator}.json"),
+                "--metrics", str(out / f"metrics-advantage-{estimator}.json")]
+    if name == "score":
+        return [py, str(repo / "stages/score.py"), "--params", str(params_for(data, "grpo")),
+                "--rollouts", str(data / "rollouts.parquet"), "--prompts", str(data / "prompts.parquet"),
+                "--out", str(out / "scores.parquet"), "--metrics", str(out / "metrics-score.json")]
+    if name == "train_data":
+        return [py, str(Path(__file__).resolve()), "train-data", str(data), str(out / "advantages-grpo.parquet")]
+    if name == "inspect":
+        return [py, "-m", "rlpipe.cli", "inspect", str(data / "rollouts.parquet"), "--json"]
+    if name == "validate":
+        return [py, "-m", "rlpipe.cli", "validate", str(data / "rollouts.parquet")]
+    raise typer.BadParameter(f"unknown step {step!r}")
+
+
+NEEDED = {  # the columns each step reads, for the memory multiplier's denominator
+    "advantage:grpo": {"rollouts": ["prompt_id", "sample_idx", "completion_length", "truncated", "policy_mask",
+                                    "finish_reason"], "scores": ["reward"]},
+    "advantage:reinforce_plus_plus": {"rollouts": ["prompt_id", "sample_idx", "completion_length", "truncated",
+                                                   "policy_mask", "finish_reason", "sampler_logprobs"],
+                                      "scores": ["reward"], "ref_logprobs": ["ref_logprobs"]},
+    "score": {"rollouts": ["prompt_id", "sample_idx", "completion_text", "completion_length", "truncated",
+                           "finish_reason", "turn_texts", "tool_calls", "turn_rewards"]},
+    "validate": {"rollouts": None},
+}
+NEEDED["advantage:gae"] = {**NEEDED["advantage:reinforce_plus_plus"], "values": ["values"]}
+
+
+OUTPUTS = {"score": "scores.parquet", "advantage:grpo": "advantages-grpo.parquet",
+           "advantage:reinforce_plus_plus": "advantages-reinforce_plus_plus.parquet",
+           "advantage:gae": "advantages-gae.parquet"}
+
+
+def needed_bytes(step: str, data: Path, out: Path) -> int | None:
+    """Arrow bytes of the columns a step reads plus the table it writes: what it cannot do without."""
+    wanted = NEEDED.get(step)
+    if wanted is None:
+        return None
+    total = sum(pq.read_table(data / f"{table}.parquet", columns=columns).nbytes for table, columns in wanted.items())
+    if step in OUTPUTS and (out / OUTPUTS[step]).is_file():
+        total += pq.read_table(out / OUTPUTS[step]).nbytes
+    return total
+
+
+def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int, str]:
+    """Wall seconds, peak RSS in MiB, exit code and the output's tail of one command, in a fresh process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return time.perf_counter() - start, usage.ru_maxrss / 1024, proc.returncode, out.decode()[-2000:]
+
+
+STEPS = "score,advantage:grpo,advantage:reinforce_plus_plus,advantage:gae,train_data,inspect,validate"
+
+
+@app.command()
+def run(data: Path, repo: Path = typer.Option(ROOT, help="checkout whose code runs"),
+        steps: str = typer.Option(STEPS), out: Path = typer.Option(None, help="outputs (default DATA/out-<repo>)"),
+        ) -> list[dict]:
+    """Run each step on DATA's tables; print one JSON line per step (time, peak RSS, multiplier)."""
+    repo = repo.resolve()
+    out = out or data / f"out-{repo.name}"
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "POLARS_MAX_THREADS": "1"}
+    shape = json.loads((data / "shape.json").read_text())
+    # what a stage costs before it reads a row: the interpreter with polars, pyarrow and rlpipe imported
+    _, idle_mib, _, _ = measure([sys.executable, "-c", "import polars, pyarrow.parquet, numpy, rlpipe.data.io, "
+                                 "rlpipe.config"], env)
+    results = []
+    for step in steps.split(","):
+        seconds, mib, rc, tail = measure(step_command(step, data, repo, out), env)
+        need = needed_bytes(step, data, out)
+        row = {"step": step, "repo": str(repo), **shape, "seconds": round(seconds, 2), "peak_mib": round(mib),
+               "idle_mib": round(idle_mib), "needed_mib": round(need / 2**20, 1) if need else None,
+               "multiplier": round((mib - idle_mib) * 2**20 / need, 1) if need else None, "exit": rc}
+        if rc:
+            row["error"] = tail.strip().splitlines()[-1] if tail.strip() else f"exit {rc}"
+        print(json.dumps(row), flush=True)
+        results.append(row)
+    return results
+
+
+@app.command("train-data")
+def train_data(data: Path, advantages: Path) -> None:
+    """Train's data path without a model: read and join the iteration's tables, build the trainer's inputs."""
+    from rlpipe.data.io import read_artifact
+    from rlpipe.data.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS
+    from rlpipe.training.data import training_data, training_frame
+
+    frame = training_frame(read_artifact(data / "rollouts.parquet", ROLLOUTS), read_artifact(advantages, ADVANTAGES),
+                           read_artifact(data / "ref_logprobs.parquet", REF_LOGPROBS))
+    inputs = training_data(frame)
+    print(f"{len(inputs.completion_token_ids)} rows")
+
+
+@app.command()
+def sweep(root: Path = typer.Option(Path("/tmp/rlpipe-data-path")), rows: str = typer.Option("32768"),
+          lengths: str = typer.Option("uniform,tail"), repo: list[Path] = typer.Option([ROOT]),
+          steps: str = typer.Option(STEPS), results: Path = typer.Option(None, help="append JSON lines here")) -> None:
+    """Build each size (once) and run every step with every ``--repo``, side by side."""
+    for kind in lengths.split(","):
+        for n in (int(x) for x in rows.split(",")):
+            data = root / f"{kind}-{n}"
+            if not (data / "shape.json").is_file():
+                build(data, rows=n, lengths=kind, multi_turn=False, seed=0)
+            for r in repo:
+                for row in run(data, repo=r, steps=steps, out=None):
+                    if results:
+                        with open(results, "a") as fh:
+                            fh.write(json.dumps({**row, "date": time.strftime("%Y-%m-%d")}) + "\n")
+
+
+def comparable(path: Path) -> bytes:
+    """A file's bytes, or for a metrics JSON its content without the wall-clock times."""
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        if isinstance(data, dict):
+            data.pop("seconds", None)
+        return json.dumps(data, sort_keys=True).encode()
+    return path.read_bytes()
+
+
+@app.command()
+def compare(first: Path, second: Path) -> None:
+    """Every output two runs wrote (``run --out``): byte-identical, metrics' times aside? Exit 1 if not."""
+    names = sorted({p.name for p in first.iterdir() if p.is_file()} | {p.name for p in second.iterdir() if p.is_file()})
+    differ = [n for n in names if not ((first / n).is_file() and (second / n).is_file()
+                                       and comparable(first / n) == comparable(second / n))]
+    print(f"{len(names) - len(differ)} of {len(names)} outputs identical" + (f"; differ: {differ}" if differ else ""))
+    raise typer.Exit(1 if differ else 0)
+
+
+if __name__ == "__main__":
+    app()
