@@ -227,12 +227,12 @@ def run(data: Path, repo: Path = typer.Option(ROOT, help="checkout whose code ru
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "POLARS_MAX_THREADS": "1"}
     shape = json.loads((data / "shape.json").read_text())
-    # what a stage costs before it reads a row: the interpreter with polars, pyarrow and rlpipe imported
-    _, idle_mib, _, _ = measure([sys.executable, "-c", "import polars, pyarrow.parquet, numpy, rlpipe.data.io, "
-                                 "rlpipe.config"], env)
     results = []
     for step in steps.split(","):
-        seconds, mib, rc, tail = measure(step_command(step, data, repo, out), env)
+        command = step_command(step, data, repo, out)
+        # what the step costs before it reads a row: the same command asked for its --help (imports done)
+        _, idle_mib, _, _ = measure(command + ["--help"], env)
+        seconds, mib, rc, tail = measure(command, env)
         need = needed_bytes(step, data, out)
         row = {"step": step, "repo": str(repo), **shape, "seconds": round(seconds, 2), "peak_mib": round(mib),
                "idle_mib": round(idle_mib), "needed_mib": round(need / 2**20, 1) if need else None,
@@ -249,10 +249,20 @@ def train_data(data: Path, advantages: Path) -> None:
     """Train's data path without a model: read and join the iteration's tables, build the trainer's inputs."""
     from rlpipe.data.io import read_artifact
     from rlpipe.data.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS
+    from rlpipe.training import data as train_data_module
     from rlpipe.training.data import training_data, training_frame
 
-    frame = training_frame(read_artifact(data / "rollouts.parquet", ROLLOUTS), read_artifact(advantages, ADVANTAGES),
-                           read_artifact(data / "ref_logprobs.parquet", REF_LOGPROBS))
+    selective = hasattr(train_data_module, "TRAINED_ROLLOUT_COLUMNS")  # an rlpipe older than 2026-11 reads all
+
+    def read(path: Path, schema, columns_name: str | list[str]):
+        if not selective:
+            return read_artifact(path, schema)
+        columns = getattr(train_data_module, columns_name) if isinstance(columns_name, str) else columns_name
+        return read_artifact(path, schema, columns=columns)
+
+    frame = training_frame(read(data / "rollouts.parquet", ROLLOUTS, "TRAINED_ROLLOUT_COLUMNS"),
+                           read(advantages, ADVANTAGES, "TRAINED_ADVANTAGE_COLUMNS"),
+                           read(data / "ref_logprobs.parquet", REF_LOGPROBS, ["ref_logprobs"]))
     inputs = training_data(frame)
     print(f"{len(inputs.completion_token_ids)} rows")
 

@@ -7,6 +7,8 @@ flat token math of `rlpipe.algorithms.ragged`.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -32,3 +34,46 @@ def list_column(name: str, values_N: np.ndarray, lengths_B: np.ndarray, dtype: p
         raise ValueError(f"column {name!r}: the lengths add up to {offsets[-1]}, but {len(values_N)} values were given")
     arrow = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values_N))
     return pl.Series(name, arrow).cast(dtype)
+
+
+def row_arrays(column: pl.Series, dtype: type | np.dtype) -> list[np.ndarray]:
+    """One array per row (a null row gives an empty one), each a view into the column's values read once.
+
+    Why views: ``to_list()`` makes a Python object per token (~34 bytes a token where the table holds
+    4); a reader that indexes rows pays a hundred bytes a row this way, nothing per token.
+    """
+    lengths = column.list.len().fill_null(0).to_numpy()
+    return np.split(flat_values(column, dtype), np.cumsum(lengths)[:-1])
+
+
+class TokenIds(Sequence):
+    """One row's token ids as a read-only sequence of Python ints, over a view of the column's values.
+
+    Why: a reward may read the ids (the reward model does), most never do; the score stage hands
+    every reward this view, so the ids become Python ints only for the rows a reward reads.
+    """
+
+    __slots__ = ("_ids",)
+    __hash__ = None  # like the list it stands for
+
+    def __init__(self, ids: np.ndarray):
+        self._ids = ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self._ids[index].tolist()
+        return int(self._ids[index])
+
+    def __iter__(self):
+        return iter(self._ids.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (TokenIds, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"TokenIds({self._ids.tolist()})"

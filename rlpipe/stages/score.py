@@ -31,10 +31,13 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator
 
+import numpy as np
 import polars as pl
 
 from rlpipe.config import RewardEntry, ScoreConfig
 from rlpipe.data.io import Artifact
+from rlpipe.data.lists import TokenIds, row_arrays
+from rlpipe.data.schema import ROLLOUTS
 from rlpipe.errors import ArtifactError, ConfigError, InfrastructureError, RlpipeError, ScoringError
 from rlpipe.rewards.base import Sample
 from rlpipe.rewards.registry import (RewardSpec, batch_values, component_columns, is_batch_reward, prepare_rewards,
@@ -76,7 +79,7 @@ def score_rows(rows: pl.DataFrame, cfg: ScoreConfig, *, progress: Any = None) ->
     precomputed = _batch_rewards(rows, specs, fns)
     score_one = functools.partial(_score_row, specs=specs, fns=fns, timeout_s=cfg.row_timeout_s,
                                   precomputed=precomputed)
-    for result in _ordered_map(score_one, enumerate(rows.iter_rows(named=True)), cfg.workers):
+    for result in _ordered_map(score_one, enumerate(row_dicts(rows)), cfg.workers):
         if progress is not None:
             progress(1)
         if isinstance(result, Exception):  # a reward raised on this row
@@ -125,6 +128,23 @@ def reward_info(specs: list[RewardSpec], fns: Any) -> dict[str, Any]:
             if callable(getattr(fns[spec.name], "run_info", None))}
 
 
+# what a reward reads of a rollout (plus the prompt's text, answer and metadata); log-probs and masks stay on disk
+SCORED_ROLLOUT_COLUMNS = ["prompt_token_ids", "completion_token_ids", "completion_text", "completion_length",
+                          "finish_reason", "truncated", "turn_texts", "turn_rewards", "tool_calls", "environment_error"]
+TOKEN_ID_COLUMNS = ("prompt_token_ids", "completion_token_ids")
+
+
+def row_dicts(rows: pl.DataFrame) -> Iterator[dict[str, Any]]:
+    """Each row as a dict, its token ids as `TokenIds` views: no Python int per token unless a reward reads them
+    (and no per-token column it never reads)."""
+    ids = {c: row_arrays(rows[c], np.int64) for c in TOKEN_ID_COLUMNS if c in rows.columns}
+    unread = [c for c in rows.columns if c in ids or c in ROLLOUTS.per_token_columns]
+    for i, row in enumerate(rows.drop(unread).iter_rows(named=True)):
+        for column, arrays in ids.items():
+            row[column] = TokenIds(arrays[i])
+        yield row
+
+
 def _sample(row: dict[str, Any]) -> Sample:
     """A reward's view of a row; a multi-turn rollout is judged on its final model turn (``turns[-1]``)."""
     turns = row.get("turn_texts")
@@ -140,7 +160,7 @@ def _batch_rewards(rows: pl.DataFrame, specs: list[RewardSpec], fns: Any) -> dic
     batch_specs = [spec for spec in specs if is_batch_reward(fns[spec.name])]
     if not batch_specs:
         return {}
-    samples = [_sample(row) for row in rows.iter_rows(named=True)]
+    samples = [_sample(row) for row in row_dicts(rows)]
     out = {}
     for spec in batch_specs:
         try:

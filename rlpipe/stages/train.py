@@ -25,7 +25,8 @@ from rlpipe.models.critic import load_critic, save_critic
 from rlpipe.models.loading import (load_tokenizer, load_trainable_model, lora_for_training, save_checkpoint,
                                    stored_dtype)
 from rlpipe.models.lora.adapter import is_adapter_dir
-from rlpipe.training.data import check_policy_version, training_data, training_frame
+from rlpipe.training.data import (TRAINED_ADVANTAGE_COLUMNS, TRAINED_ROLLOUT_COLUMNS, check_policy_version, training_data,
+                                  training_frame)
 from rlpipe.training.loop import TrainResult, count_optimizer_steps, sampling_truncation, train_policy
 from rlpipe.training.report import (check_sampler, importance_weights, reward_stats, sampler_check_applies,
                                    sampler_mismatch, token_stats_frame, write_steps_csv)
@@ -80,7 +81,7 @@ class Trainees:
 
 def read_inputs(p: Params, paths: TrainPaths) -> TrainInputs:
     """Read and join the iteration's tables; refuse rollouts of another sampler or a gae run without values."""
-    roll = read_artifact(paths.rollouts, ROLLOUTS)
+    roll = read_artifact(paths.rollouts, ROLLOUTS, columns=TRAINED_ROLLOUT_COLUMNS)
     staleness = check_policy_version(roll, sampler_version=p.policy.version, iteration=p.iteration,
                                      max_staleness=p.policy.max_staleness, policy_dir=paths.policy,
                                      stored=read_policy_version(paths.policy))
@@ -88,10 +89,11 @@ def read_inputs(p: Params, paths: TrainPaths) -> TrainInputs:
     if with_critic and not (paths.values and paths.critic and paths.critic_checkpoint):
         raise ArtifactError("advantage.estimator 'gae' trains a critic: pass --values, --critic and "
                             "--critic-checkpoint (dvc.yaml does)")
-    frame = training_frame(roll, read_artifact(paths.advantages, ADVANTAGES),
-                           read_artifact(paths.ref_logprobs, REF_LOGPROBS),
-                           read_artifact(paths.values, VALUES) if with_critic else None)
-    return TrainInputs(roll, frame, read_artifact(paths.scores, SCORES).frame, staleness)
+    frame = training_frame(roll, read_artifact(paths.advantages, ADVANTAGES, columns=TRAINED_ADVANTAGE_COLUMNS),
+                           read_artifact(paths.ref_logprobs, REF_LOGPROBS, columns=["ref_logprobs"]),
+                           read_artifact(paths.values, VALUES, columns=["values"]) if with_critic else None)
+    return TrainInputs(roll, frame, read_artifact(paths.scores, SCORES, columns=["reward", "correct"]).frame,
+                       staleness)
 
 
 def load_trainees(p: Params, paths: TrainPaths, dist: Dist | None) -> Trainees:

@@ -5,8 +5,15 @@ import numpy as np
 import polars as pl
 
 from rlpipe.data.io import Artifact, join_on_keys, require_critic_values
+from rlpipe.data.lists import row_arrays
 from rlpipe.errors import ArtifactError
 from rlpipe.training.objective import TrainingData
+
+
+# what train reads of the tables: the texts, turns and tool calls of the rollouts stay on disk
+TRAINED_ROLLOUT_COLUMNS = ["prompt_token_ids", "completion_token_ids", "completion_length", "sampler_logprobs",
+                           "policy_mask"]
+TRAINED_ADVANTAGE_COLUMNS = ["advantage", "token_advantages", "returns", "filtered_reason"]
 
 
 def check_policy_version(rollouts: Artifact, *, sampler_version: int, iteration: int, max_staleness: int,
@@ -37,7 +44,7 @@ def training_frame(rollouts: Artifact, advantages: Artifact, ref_logprobs: Artif
     def extend(frame: pl.DataFrame, right: Artifact, columns: list[str]) -> pl.DataFrame:
         return join_on_keys(rollouts.with_frame(frame), right, columns=columns)
 
-    frame = extend(rollouts.frame, advantages, ["advantage", "token_advantages", "returns", "filtered_reason"])
+    frame = extend(rollouts.frame, advantages, TRAINED_ADVANTAGE_COLUMNS)
     frame = extend(frame, ref_logprobs, ["ref_logprobs"])
     if values is not None:
         frame = extend(frame, require_critic_values(values), ["values"])
@@ -48,32 +55,29 @@ def training_frame(rollouts: Artifact, advantages: Artifact, ref_logprobs: Artif
     return frame
 
 
-def _floats(frame: pl.DataFrame, column: str) -> list[np.ndarray]:
-    return [np.asarray(x, dtype=np.float32) for x in frame[column].to_list()]
-
-
 def _policy_masks(frame: pl.DataFrame) -> list[np.ndarray] | None:
     """Per row, which completion tokens the policy sampled; None when every token is (single-turn)."""
-    masks = [np.asarray(x, dtype=bool) for x in frame["policy_mask"].to_list()]
-    return None if all(m.all() for m in masks) else masks
+    if frame["policy_mask"].list.all().fill_null(True).all():
+        return None
+    return row_arrays(frame["policy_mask"], bool)
 
 
 def training_data(frame: pl.DataFrame) -> TrainingData:
-    token_adv = _floats(frame, "token_advantages")
+    token_adv = row_arrays(frame["token_advantages"], np.float32)
     # off-policy masking needs the sign of A_i; token-level estimators have none, so their mean stands in
     seq_adv = np.array([a if a is not None else (float(t.mean()) if t.size else 0.0)
                         for a, t in zip(frame["advantage"].to_list(), token_adv)], dtype=np.float32)
     with_critic = "values" in frame.columns
     return TrainingData(
-        prompt_token_ids=frame["prompt_token_ids"].to_list(),
-        completion_token_ids=frame["completion_token_ids"].to_list(),
+        prompt_token_ids=row_arrays(frame["prompt_token_ids"], np.int64),
+        completion_token_ids=row_arrays(frame["completion_token_ids"], np.int64),
         token_advantages=token_adv,
-        ref_logprobs=_floats(frame, "ref_logprobs"),
-        sampler_logprobs=_floats(frame, "sampler_logprobs"),
+        ref_logprobs=row_arrays(frame["ref_logprobs"], np.float32),
+        sampler_logprobs=row_arrays(frame["sampler_logprobs"], np.float32),
         sequence_advantages=seq_adv,
         trainable=(frame["filtered_reason"].is_null()
                    & (frame["policy_mask"].list.sum().fill_null(0) > 0)).to_numpy(),
         policy_mask=_policy_masks(frame),
-        old_values=_floats(frame, "values") if with_critic else None,
-        returns=_floats(frame, "returns") if with_critic else None,
+        old_values=row_arrays(frame["values"], np.float32) if with_critic else None,
+        returns=row_arrays(frame["returns"], np.float32) if with_critic else None,
     )

@@ -9,6 +9,7 @@ import numpy as np
 import polars as pl
 
 from rlpipe.data.io import atomic_path
+from rlpipe.data.lists import flat_values
 from rlpipe.errors import TrainingError
 from rlpipe.training.loop import TrainResult
 
@@ -47,10 +48,9 @@ def reward_stats(scores: pl.DataFrame) -> dict[str, Any]:
 
 def _at_policy_tokens(frame: pl.DataFrame, old_logprobs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(sampler, trainer) log-probs of every policy token, flat float64: observation tokens have no sampler's."""
-    masks = [np.asarray(m, dtype=bool) for m in frame["policy_mask"].to_list()]
-    sampler = np.concatenate([np.asarray(x, dtype=np.float64)[m] for x, m in
-                              zip(frame["sampler_logprobs"].to_list(), masks)] or [[]])
-    old = np.concatenate([np.asarray(x, dtype=np.float64)[m] for x, m in zip(old_logprobs, masks)] or [[]])
+    mask = flat_values(frame["policy_mask"], bool)
+    sampler = flat_values(frame["sampler_logprobs"], np.float64)[mask]
+    old = np.concatenate([np.asarray(x, dtype=np.float64) for x in old_logprobs] or [np.zeros(0)])[mask]
     return sampler, old
 
 
