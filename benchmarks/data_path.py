@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,8 +43,9 @@ app = typer.Typer(add_completion=False)
 
 
 def completion_lengths(rows: int, kind: str, rng: np.random.Generator) -> np.ndarray:
-    if kind == "uniform":
-        return np.full(rows, 512, dtype=np.int32)
+    """``uniform`` (512 each), ``uniform:N`` (N each) or ``tail`` (see the module's docstring)."""
+    if kind == "uniform" or kind.startswith("uniform:"):
+        return np.full(rows, int(kind.partition(":")[2] or 512), dtype=np.int32)
     if kind == "tail":
         lengths = rng.integers(256, 777, size=rows).astype(np.int32)
         lengths[rng.random(rows) < 0.01] = CAP
@@ -204,14 +206,24 @@ def needed_bytes(step: str, data: Path, out: Path) -> int | None:
     return total
 
 
+# Runs argv[2:] and writes its peak RSS (KiB) and exit code to argv[1]. Why a launcher: Linux counts a
+# process's peak RSS from before its exec, so a child forked straight from a large process (this one,
+# or pytest with torch loaded) would report at least that process's size; the launcher is small.
+LAUNCHER = ("import os, subprocess, sys\n"
+            "p = subprocess.Popen(sys.argv[2:])\n"
+            "_, status, usage = os.wait4(p.pid, 0)\n"
+            "open(sys.argv[1], 'w').write(f'{usage.ru_maxrss} {os.waitstatus_to_exitcode(status)}')\n")
+
+
 def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int, str]:
     """Wall seconds, peak RSS in MiB, exit code and the output's tail of one command, in a fresh process."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return time.perf_counter() - start, usage.ru_maxrss / 1024, proc.returncode, out.decode()[-2000:]
+    with tempfile.NamedTemporaryFile("r", suffix=".rss") as report:
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", LAUNCHER, report.name, *cmd], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        seconds = time.perf_counter() - start
+        kib, _, code = Path(report.name).read_text().partition(" ")
+    return seconds, int(kib or 0) / 1024, int(code or proc.returncode), proc.stdout.decode()[-2000:]
 
 
 STEPS = "score,advantage:grpo,advantage:reinforce_plus_plus,advantage:gae,train_data,inspect,validate"
@@ -275,8 +287,9 @@ def sweep(root: Path = typer.Option(Path("/tmp/rlpipe-data-path")), rows: str = 
     for kind in lengths.split(","):
         for n in (int(x) for x in rows.split(",")):
             data = root / f"{kind}-{n}"
-            if not (data / "shape.json").is_file():
-                build(data, rows=n, lengths=kind, multi_turn=False, seed=0)
+            if not (data / "shape.json").is_file():  # in its own process: this one stays small (see `measure`)
+                subprocess.run([sys.executable, __file__, "build", str(data), "--rows", str(n), "--lengths", kind],
+                               check=True)
             for r in repo:
                 for row in run(data, repo=r, steps=steps, out=None):
                     if results:

@@ -622,6 +622,39 @@ def test_join_on_keys_rejects_per_token_length_mismatch(tmp_path):
         "{'prompt_id': 1, 'sample_idx': 1} (1 row(s) affected)")
 
 
+def test_join_of_tables_in_key_order_shares_the_columns_and_equals_the_join(tmp_path):
+    roll = written(tmp_path, "rollouts", rollouts_frame())
+    ref = written(tmp_path, "ref_logprobs", ref_logprobs_frame())
+    aligned = io.join_on_keys(roll, ref, columns=["ref_logprobs"])  # both written sorted: side by side
+    shuffled = io.join_on_keys(roll, ref.with_frame(ref.frame.reverse()), columns=["ref_logprobs"])  # a real join
+    assert_frame_equal(aligned, shuffled)
+    assert aligned["prompt_id"].flags["SORTED_ASC"] and shuffled["prompt_id"].flags["SORTED_ASC"]
+    # the same keys in another order on both sides: joined and sorted, not put side by side
+    few = roll.frame.select("prompt_id", "sample_idx", "completion_length")
+    unsorted = io.join_on_keys(roll.with_frame(few.reverse()), ref.with_frame(ref.frame.reverse()),
+                               columns=["ref_logprobs"])
+    assert_frame_equal(unsorted, aligned.select(unsorted.columns))
+
+
+def test_read_only_some_columns(tmp_path):
+    path = io.write_artifact(rollouts_frame(), tmp_path / "r.parquet", ROLLOUTS, metadata={"policy_version": 3})
+    art = io.read_artifact(path, ROLLOUTS, columns=["sampler_logprobs", "completion_length"])
+    assert art.frame.columns == ["prompt_id", "sample_idx", "completion_length", "sampler_logprobs"]
+    assert art.metadata["policy_version"] == 3
+    assert art.frame["sampler_logprobs"].to_list() == [[-1.5, -0.5, -3.0], [-1.0], [-0.5, -0.25],
+                                                       [-0.125, -2.0, -0.75]]
+    with pytest.raises(ArtifactError, match=r"r.parquet: missing column\(s\) \['nope'\] required by the 'rollouts'"):
+        io.read_artifact(path, ROLLOUTS, columns=["nope"])
+
+
+def test_a_selective_read_still_checks_what_it_reads(tmp_path):
+    bad = rollouts_frame().with_columns(pl.col("sampler_logprobs").list.head(1))  # one entry where 2-3 are due
+    path = write_raw(bad, tmp_path / "r.parquet", meta_of(ROLLOUTS))
+    with pytest.raises(ArtifactError, match="column 'sampler_logprobs' has 1 entries but 'completion_length' says"):
+        io.read_artifact(path, ROLLOUTS, columns=["sampler_logprobs", "completion_length"])
+    io.read_artifact(path, ROLLOUTS, columns=["completion_text"])  # the broken column is not read: no complaint
+
+
 # ----------------------------------------------------------------------------------------------
 # Atomic writes
 # ----------------------------------------------------------------------------------------------
