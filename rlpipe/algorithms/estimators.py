@@ -76,8 +76,10 @@ def _mask(name: str, layout: Layout | None, mask_N, rows: int) -> np.ndarray:
 
 
 def _spread(adv_B: np.ndarray, m: np.ndarray, layout: Layout) -> np.ndarray:
-    """A_i at each of row i's tokens in the mask, 0 elsewhere."""
-    return np.where(m, layout.broadcast(adv_B), 0.0)
+    """A_i at each of row i's tokens in the mask, 0 elsewhere (in place: one array of N floats)."""
+    out = layout.broadcast(np.asarray(adv_B, dtype=np.float64))
+    out[~m] = 0.0
+    return out
 
 
 def _broadcast(name, fn, rewards_B, group_index_B, layout, mask_N, kwargs) -> AdvantageResult:

@@ -248,13 +248,20 @@ def write_artifact(df: pl.DataFrame, path: str | os.PathLike, schema: ArtifactSc
     host or row order, so the same inputs and params give byte-identical files.
     """
     path = Path(path)
-    out = _conform(df, schema, f"{path} (being written)", allow_cast=True).sort(list(schema.keys))
+    out = sorted_by_keys(_conform(df, schema, f"{path} (being written)", allow_cast=True), schema.keys)
     meta = {**(metadata or {}), "artifact": schema.name, "schema_version": SCHEMA_VERSION}
     table = out.to_arrow(compat_level=pl.CompatLevel.oldest())
     table = table.replace_schema_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression=PARQUET_COMPRESSION)
     return path
+
+
+def sorted_by_keys(df: pl.DataFrame, keys: tuple[str, ...]) -> pl.DataFrame:
+    """``df`` sorted by its (unique) keys; the frame itself when it already is, as stages' outputs usually
+    are: a sort gathers a copy of every column, gigabytes of token lists at scale."""
+    key_frame = df.select(keys)
+    return df if key_frame.equals(key_frame.sort(list(keys))) else df.sort(list(keys))
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:

@@ -38,10 +38,11 @@ from rlpipe.engines.truncation import completion_logprobs_truncated
 
 @dataclass
 class TrainingData:
-    """The trainable view of one iteration: ragged token lists, one entry per sequence."""
+    """The trainable view of one iteration: one array per sequence (views into the columns' flat values,
+    `rlpipe.data.lists.row_arrays`: nothing per token beyond the numbers)."""
 
-    prompt_token_ids: list[list[int]]
-    completion_token_ids: list[list[int]]
+    prompt_token_ids: list[np.ndarray]  # int64
+    completion_token_ids: list[np.ndarray]
     token_advantages: list[np.ndarray]
     ref_logprobs: list[np.ndarray]
     sampler_logprobs: list[np.ndarray]
