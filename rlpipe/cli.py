@@ -316,17 +316,17 @@ def commands(params: str = typer.Option("params.yaml", help="params file"),
 @app.command()
 def validate(path: str = typer.Argument(..., help="a Parquet file written by an rlpipe stage")) -> None:
     """Check a Parquet file against the schema its footer names; errors name the column."""
-    from rlpipe.data.io import read_artifact, read_metadata
+    from rlpipe.data.io import read_metadata, validate_file
     from rlpipe.data.schema import get_schema
 
     try:
         meta = read_metadata(path)
         schema = get_schema(str(meta.get("artifact")))
-        art = read_artifact(path, schema)
+        meta, rows, columns = validate_file(path, schema)  # a batch of rows at a time: any size fits
     except (RlpipeError, KeyError) as e:
         _fail(e)
     typer.echo(f"{path}: valid {schema.name!r} artifact (schema v{meta['schema_version']}), "
-               f"{art.frame.height} rows, {len(art.frame.columns)} columns")
+               f"{rows} rows, {columns} columns")
 
 
 @app.command()

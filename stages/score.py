@@ -8,10 +8,10 @@ import rlpipe.stages.runner as stage  # first: starts the stage clock
 import typer
 
 from rlpipe.config import load_params
-from rlpipe.data.io import read_artifact, write_artifact
+from rlpipe.data.io import read_artifact, stream_artifact, write_artifact
 from rlpipe.data.schema import PROMPTS, ROLLOUTS, SCORES
 from rlpipe.progress import stage_progress
-from rlpipe.stages.score import SCORED_ROLLOUT_COLUMNS, rows_to_score, score_rows
+from rlpipe.stages.score import SCORED_ROLLOUT_COLUMNS, rows_to_score, score_batches
 
 app = typer.Typer(add_completion=False)
 
@@ -26,13 +26,14 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     timer = stage.PhaseTimer()
     with timer.phase("setup"):
         cfg = load_params(params).score
-    with timer.phase("read"):
-        roll = read_artifact(rollouts, ROLLOUTS, columns=SCORED_ROLLOUT_COLUMNS)
+    with timer.phase("read"):  # the prompts; the rollouts are read a batch at a time while scoring
+        roll = stream_artifact(rollouts, ROLLOUTS, columns=SCORED_ROLLOUT_COLUMNS)
         prompt_table = read_artifact(prompts, PROMPTS).frame
-        rows = rows_to_score(roll, prompt_table, rollouts_path=rollouts, prompts_path=prompts)
     with timer.phase("compute"):
-        with stage_progress("score", total=rows.height, unit="rows") as advance:
-            scores, m = score_rows(rows, cfg, progress=advance)
+        batches = (rows_to_score(batch, prompt_table, rollouts_path=rollouts, prompts_path=prompts)
+                   for batch in roll.batches)
+        with stage_progress("score", total=roll.num_rows, unit="rows") as advance:
+            scores, m = score_batches(batches, cfg, progress=advance)
     with timer.phase("write"):
         write_artifact(scores, out, SCORES, metadata={"policy_version": roll.metadata.get("policy_version")})
     stage.write_metrics(metrics, "score", m, timer)

@@ -29,12 +29,38 @@ class AdvantageResult:
     token_advantages_N: [N] float64, one per token of the layout, 0 outside the mask (sequence
     estimators broadcast A_i); sequence_advantages_B: [B] for sequence estimators, else None;
     returns_N: critic targets [N] for "gae", else None; metrics: python numbers.
+
+    A sequence estimator's token advantages are kept as (A_i, layout, mask) and spread on demand:
+    `token_advantages_as(np.float32)` builds the stored column without a float64 copy of every token.
     """
 
-    token_advantages_N: np.ndarray
     sequence_advantages_B: np.ndarray | None
     returns_N: np.ndarray | None
     metrics: dict
+    tokens_N: np.ndarray | None = None  # a token estimator's advantages
+    spread_over: tuple[Layout, np.ndarray] | None = None  # a sequence estimator's (layout, mask)
+
+    @property
+    def token_advantages_N(self) -> np.ndarray:
+        return self.token_advantages_as(np.float64)
+
+    def token_advantages_as(self, dtype) -> np.ndarray:
+        """The token advantages in ``dtype``: the same values as `token_advantages_N` cast, A_i cast first."""
+        if self.tokens_N is not None:
+            return self.tokens_N.astype(dtype, copy=False)
+        layout, mask = self.spread_over
+        out = layout.broadcast(self.sequence_advantages_B.astype(dtype))
+        out[~mask] = 0
+        return out
+
+
+def _spread_result(adv_B: np.ndarray, m: np.ndarray, layout: Layout, metrics: dict) -> AdvantageResult:
+    return AdvantageResult(adv_B, None, metrics, spread_over=(layout, m))
+
+
+def _tokens_result(adv_N: np.ndarray, seq_B: np.ndarray | None, returns_N: np.ndarray | None,
+                   metrics: dict) -> AdvantageResult:
+    return AdvantageResult(seq_B, returns_N, metrics, tokens_N=adv_N)
 
 
 # which options each registry entry requires (for config validation and docs)
@@ -86,7 +112,7 @@ def _broadcast(name, fn, rewards_B, group_index_B, layout, mask_N, kwargs) -> Ad
     _need(name, rewards_B=rewards_B, group_index_B=group_index_B)
     adv_B, metrics = fn(rewards_B, group_index_B, **kwargs)
     m = _mask(name, layout, mask_N, adv_B.shape[0])
-    return AdvantageResult(_spread(adv_B, m, layout), adv_B, None, metrics)
+    return _spread_result(adv_B, m, layout, metrics)
 
 
 def _grpo_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewards_N, values_N, component_rewards_BK,
@@ -119,7 +145,7 @@ def _reinforce_pp_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewar
     m = _token_mask("reinforce_plus_plus", layout, mask_N)
     returns_N = ragged.reward_to_go(token_rewards_N, m, layout)
     adv_N = ragged.whiten(returns_N, m, form=o["whiten_form"], eps=o["whiten_eps"])
-    return AdvantageResult(adv_N, None, None, {"num_valid_tokens": int(m.sum())})
+    return _tokens_result(adv_N, None, None, {"num_valid_tokens": int(m.sum())})
 
 
 def _gae_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewards_N, values_N, component_rewards_BK,
@@ -136,7 +162,7 @@ def _gae_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewards_N, val
         "return_mean": float(returns_N[m].mean()) if n else 0.0,
     }
     adv_N = ragged.whiten(raw_N, m, form=o["whiten_form"], eps=o["whiten_eps"]) if o["whiten"] else raw_N
-    return AdvantageResult(adv_N, None, returns_N, metrics)
+    return _tokens_result(adv_N, None, returns_N, metrics)
 
 
 def _grpo_passk_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewards_N, values_N, component_rewards_BK,
@@ -150,7 +176,7 @@ def _sequence_result(adv_N: np.ndarray, m: np.ndarray, layout: Layout, metrics: 
     that value (0 for a row without valid tokens), so the off-policy mask can read its sign."""
     first_B = ragged.first_valid_token(m, layout)
     seq_B = np.where(first_B >= 0, adv_N[np.maximum(first_B, 0)] if adv_N.size else 0.0, 0.0)
-    return AdvantageResult(adv_N, seq_B, None, metrics)
+    return _tokens_result(adv_N, seq_B, None, metrics)
 
 
 def _reinforce_pp_baseline_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewards_N, values_N,
@@ -196,7 +222,7 @@ def _grpo_nts_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewards_N
     m = _mask("grpo_normalize_then_sum", layout, mask_N, adv_B.shape[0])
     _, size_g, _, singleton_g, zero_var_g = group_stats(as_rewards(rewards_B), group_index_B)
     metrics = {**group_metrics(size_g, singleton_g, zero_var_g), "reward_components": int(c_BK.shape[1])}
-    return AdvantageResult(_spread(adv_B, m, layout), adv_B, None, metrics)
+    return _spread_result(adv_B, m, layout, metrics)
 
 
 AdvantageEstimator = Callable[..., AdvantageResult]

@@ -285,6 +285,18 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
+def _checked_metadata(p: Path, schema: ArtifactSchema) -> dict[str, Any]:
+    """The footer of ``p``, refused when it names another artifact kind or schema version."""
+    meta = read_metadata(p)
+    if meta.get("artifact") != schema.name:
+        raise ArtifactError(f"{p}: holds artifact {meta.get('artifact')!r}, expected {schema.name!r}")
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise ArtifactError(
+            f"{p}: schema version {meta.get('schema_version')} but this rlpipe reads version {SCHEMA_VERSION}; "
+            "re-run the stage that produced it")
+    return meta
+
+
 def read_artifact(path: str | os.PathLike, schema: ArtifactSchema, *, columns: list[str] | None = None) -> Artifact:
     """Read and validate an artifact; refuse another artifact kind or schema version.
 
@@ -293,13 +305,7 @@ def read_artifact(path: str | os.PathLike, schema: ArtifactSchema, *, columns: l
     those are gigabytes). The frame then holds the keys first and the columns in schema order.
     """
     p = Path(path)
-    meta = read_metadata(p)
-    if meta.get("artifact") != schema.name:
-        raise ArtifactError(f"{p}: holds artifact {meta.get('artifact')!r}, expected {schema.name!r}")
-    if meta.get("schema_version") != SCHEMA_VERSION:
-        raise ArtifactError(
-            f"{p}: schema version {meta.get('schema_version')} but this rlpipe reads version {SCHEMA_VERSION}; "
-            "re-run the stage that produced it")
+    meta = _checked_metadata(p, schema)
     only = None if columns is None else list(dict.fromkeys([*schema.keys, *columns]))
     if only is not None:
         stored = pq.read_schema(p).names
@@ -311,6 +317,64 @@ def read_artifact(path: str | os.PathLike, schema: ArtifactSchema, *, columns: l
     except (pl.exceptions.PolarsError, pa.ArrowInvalid, OSError) as e:
         raise ArtifactError(f"{p}: not a readable Parquet file (truncated or corrupt?): {e}") from None
     return Artifact(frame=_conform(frame, schema, str(p), allow_cast=False, only=only), metadata=meta, path=p)
+
+
+@dataclass(frozen=True)
+class ArtifactStream:
+    """An artifact read a batch of rows at a time: its footer, its row count, and the batches, each
+    validated as `read_artifact` validates a whole table. Keys must be unique across batches too:
+    the check runs once the last batch was read, so a consumer sees the error before it writes."""
+
+    metadata: dict[str, Any]
+    path: Path
+    num_rows: int
+    batches: Iterator[pl.DataFrame]
+
+
+def stream_artifact(path: str | os.PathLike, schema: ArtifactSchema, *, columns: list[str] | None = None,
+                    batch_rows: int = 65536) -> ArtifactStream:
+    """Read an artifact as `read_artifact` does, ``batch_rows`` rows at a time (``columns`` as there).
+
+    Why: the row-local stages and tools (score, `rlpipe validate`) then hold one batch, not the
+    iteration, and run on a billion tokens on a machine that cannot hold them; only the key
+    columns of every row are kept, for the uniqueness check.
+    """
+    p = Path(path)
+    meta = _checked_metadata(p, schema)
+    only = None if columns is None else list(dict.fromkeys([*schema.keys, *columns]))
+    try:
+        parquet = pq.ParquetFile(p)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ArtifactError(f"{p}: not a readable Parquet file (truncated or corrupt?): {e}") from None
+    absent = [c for c in (only or []) if c not in parquet.schema_arrow.names]
+    if absent:
+        raise ArtifactError(f"{p}: missing column(s) {absent} required by the {schema.name!r} schema")
+    return ArtifactStream(meta, p, parquet.metadata.num_rows, _batches(parquet, p, schema, only, batch_rows))
+
+
+def _batches(parquet: pq.ParquetFile, p: Path, schema: ArtifactSchema, only: list[str] | None,
+             batch_rows: int) -> Iterator[pl.DataFrame]:
+    keys = []
+    try:
+        batches = parquet.iter_batches(batch_size=batch_rows, columns=only) if parquet.metadata.num_rows else None
+        empty = parquet.schema_arrow.empty_table()
+        for batch in batches or [empty.select(only) if only else empty]:
+            frame = _conform(pl.from_arrow(batch), schema, str(p), allow_cast=False, only=only)
+            keys.append(frame.select(schema.keys))
+            yield frame
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ArtifactError(f"{p}: not a readable Parquet file (truncated or corrupt?): {e}") from None
+    _check_unique_keys(pl.concat(keys), schema.keys, str(p))
+
+
+def validate_file(path: str | os.PathLike, schema: ArtifactSchema, *, batch_rows: int = 65536
+                  ) -> tuple[dict[str, Any], int, int]:
+    """Check a whole artifact, a batch of rows at a time (`stream_artifact`); return (footer, rows, columns)."""
+    stream = stream_artifact(path, schema, batch_rows=batch_rows)
+    columns = 0
+    for frame in stream.batches:
+        columns = frame.width
+    return stream.metadata, stream.num_rows, columns
 
 
 def read_table_file(path: str | os.PathLike, *, name: str | os.PathLike | None = None) -> pl.DataFrame:

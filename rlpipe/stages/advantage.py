@@ -187,7 +187,7 @@ def _compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights
     frame = stats.drop("truncated").with_columns(
         pl.Series("advantage", [None] * rows.height if seq_adv is None else seq_adv.astype(np.float32),
                   dtype=pl.Float32),
-        list_column("token_advantages", result.token_advantages_N.astype(np.float32), lengths, TOKEN_FLOATS),
+        list_column("token_advantages", result.token_advantages_as(np.float32), lengths, TOKEN_FLOATS),
         returns,
         pl.Series("filtered_reason", reason.tolist(), dtype=pl.String),
     )
@@ -208,7 +208,7 @@ def _compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights
                         "kl_reward_next_beta": kl_state["next_beta"],
                         "token_reward_mean": float(token_rewards[mask].mean()) if mask.any() else 0.0})
     if seq_adv is None:  # token-level estimators: report the token advantages' spread instead
-        flat = result.token_advantages_N[estimator_mask]
+        flat = result.tokens_N[estimator_mask]
         metrics["advantage_mean"] = float(flat.mean()) if flat.size else 0.0
         metrics["advantage_abs_mean"] = float(np.abs(flat).mean()) if flat.size else 0.0
     return frame, metrics, kl_state

@@ -35,7 +35,6 @@ import numpy as np
 import polars as pl
 
 from rlpipe.config import RewardEntry, ScoreConfig
-from rlpipe.data.io import Artifact
 from rlpipe.data.lists import TokenIds, row_arrays
 from rlpipe.data.schema import ROLLOUTS
 from rlpipe.errors import ArtifactError, ConfigError, InfrastructureError, RlpipeError, ScoringError
@@ -71,54 +70,82 @@ def score_rows(rows: pl.DataFrame, cfg: ScoreConfig, *, progress: Any = None) ->
     the counts of the detail labels its `RewardResult`s carried, e.g. code_tests' failure kinds).
     ``progress``: optional callback, called with 1 per row (see rlpipe.progress).
     """
+    return score_batches([rows], cfg, progress=progress)
+
+
+def score_batches(batches: Iterable[pl.DataFrame], cfg: ScoreConfig, *, progress: Any = None
+                  ) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """`score_rows` over the rows of every batch, in order: one batch in memory at a time (the stage reads
+    the rollouts a batch at a time, `rlpipe.data.io.stream_artifact`). A batch reward (the reward model)
+    sees one batch of rows per call."""
     specs, fns, columns = load_reward_functions(cfg)
-    out: dict[str, list] = {"reward": [], "correct": [], "score_error": []}
-    out.update({col: [] for col in columns.values()})
-    errors_by_kind: dict[str, int] = {}
-    details: dict[str, dict[str, int]] = {}
-    precomputed = _batch_rewards(rows, specs, fns)
-    score_one = functools.partial(_score_row, specs=specs, fns=fns, timeout_s=cfg.row_timeout_s,
-                                  precomputed=precomputed)
-    for result in _ordered_map(score_one, enumerate(row_dicts(rows)), cfg.workers):
-        if progress is not None:
-            progress(1)
-        if isinstance(result, Exception):  # a reward raised on this row
-            kind = type(result).__name__
-            errors_by_kind[kind] = errors_by_kind.get(kind, 0) + 1
-            out["reward"].append(cfg.fallback_reward)
-            out["correct"].append(None)
-            out["score_error"].append(f"{kind}: {result}"[:500])
-            for col in columns.values():
-                out[col].append(None)
-            continue
-        components, total, row_details = result
-        for name, label in row_details.items():
-            details.setdefault(name, {})
-            details[name][label] = details[name].get(label, 0) + 1
-        out["reward"].append(float(total))
-        out["correct"].append(bool(components[cfg.accuracy_reward] >= 1.0))
-        out["score_error"].append(None)
-        for name, col in columns.items():
-            out[col].append(float(components[name]))
-    frame = rows.select("prompt_id", "sample_idx").with_columns(
-        pl.Series("reward", out.pop("reward"), dtype=pl.Float64),
-        pl.Series("correct", out.pop("correct"), dtype=pl.Boolean),
-        pl.Series("score_error", out.pop("score_error"), dtype=pl.String),
-        *[pl.Series(col, vals, dtype=pl.Float64) for col, vals in out.items()],
-    )
-    num_errors = sum(errors_by_kind.values())
-    error_fraction = num_errors / max(rows.height, 1)
+    tally = _Tally(columns, cfg)
+    keys = []
+    for rows in batches:
+        precomputed = _batch_rewards(rows, specs, fns)
+        score_one = functools.partial(_score_row, specs=specs, fns=fns, timeout_s=cfg.row_timeout_s,
+                                      precomputed=precomputed)
+        for result in _ordered_map(score_one, enumerate(row_dicts(rows)), cfg.workers):
+            if progress is not None:
+                progress(1)
+            tally.add(result)
+        keys.append(rows.select("prompt_id", "sample_idx"))
+    frame = tally.frame(pl.concat(keys) if keys else pl.DataFrame(schema={"prompt_id": pl.Int64,
+                                                                           "sample_idx": pl.Int32}))
+    num_errors = sum(tally.errors_by_kind.values())
+    error_fraction = num_errors / max(frame.height, 1)
     if error_fraction > cfg.max_error_fraction:
         example = frame.filter(pl.col("score_error").is_not_null()).row(0, named=True)
         raise ScoringError(
-            f"{num_errors} of {rows.height} rows ({error_fraction:.1%}) failed in a reward function, more than "
+            f"{num_errors} of {frame.height} rows ({error_fraction:.1%}) failed in a reward function, more than "
             f"score.max_error_fraction={cfg.max_error_fraction}; first error at prompt_id={example['prompt_id']} "
             f"sample_idx={example['sample_idx']}: {example['score_error']}")
-    metrics = score_metrics(frame, columns, errors_by_kind, details)
+    metrics = score_metrics(frame, columns, tally.errors_by_kind, tally.details)
     info = reward_info(specs, fns)
     if info:
         metrics["reward_info"] = info
     return frame, metrics
+
+
+class _Tally:
+    """Every row's reward, accuracy, error and components as they come, and the error and label counts."""
+
+    def __init__(self, columns: dict[str, str], cfg: ScoreConfig):
+        self.columns, self.cfg = columns, cfg
+        self.out: dict[str, list] = {"reward": [], "correct": [], "score_error": []}
+        self.out.update({col: [] for col in columns.values()})
+        self.errors_by_kind: dict[str, int] = {}
+        self.details: dict[str, dict[str, int]] = {}
+
+    def add(self, result: tuple | Exception) -> None:
+        out, cfg = self.out, self.cfg
+        if isinstance(result, Exception):  # a reward raised on this row
+            kind = type(result).__name__
+            self.errors_by_kind[kind] = self.errors_by_kind.get(kind, 0) + 1
+            out["reward"].append(cfg.fallback_reward)
+            out["correct"].append(None)
+            out["score_error"].append(f"{kind}: {result}"[:500])
+            for col in self.columns.values():
+                out[col].append(None)
+            return
+        components, total, row_details = result
+        for name, label in row_details.items():
+            self.details.setdefault(name, {})
+            self.details[name][label] = self.details[name].get(label, 0) + 1
+        out["reward"].append(float(total))
+        out["correct"].append(bool(components[cfg.accuracy_reward] >= 1.0))
+        out["score_error"].append(None)
+        for name, col in self.columns.items():
+            out[col].append(float(components[name]))
+
+    def frame(self, keys: pl.DataFrame) -> pl.DataFrame:
+        out = dict(self.out)
+        return keys.with_columns(
+            pl.Series("reward", out.pop("reward"), dtype=pl.Float64),
+            pl.Series("correct", out.pop("correct"), dtype=pl.Boolean),
+            pl.Series("score_error", out.pop("score_error"), dtype=pl.String),
+            *[pl.Series(col, vals, dtype=pl.Float64) for col, vals in out.items()],
+        )
 
 
 def reward_info(specs: list[RewardSpec], fns: Any) -> dict[str, Any]:
@@ -237,10 +264,11 @@ def score_metrics(frame: pl.DataFrame, columns: dict[str, str], errors_by_kind: 
     }
 
 
-def rows_to_score(rollouts: Artifact, prompts: pl.DataFrame, *, rollouts_path: str, prompts_path: str) -> pl.DataFrame:
-    """Every rollout row with its prompt's text, answer and metadata (what a reward reads); a rollout whose
-    prompt_id the prompt table lacks is an error naming both files."""
-    rows = rollouts.frame.join(prompts.select("prompt_id", "prompt", "answer", "metadata"), on="prompt_id",
+def rows_to_score(rollouts: pl.DataFrame, prompts: pl.DataFrame, *, rollouts_path: str, prompts_path: str
+                  ) -> pl.DataFrame:
+    """Every rollout row (of a batch) with its prompt's text, answer and metadata (what a reward reads); a
+    rollout whose prompt_id the prompt table lacks is an error naming both files."""
+    rows = rollouts.join(prompts.select("prompt_id", "prompt", "answer", "metadata"), on="prompt_id",
                                how="left")
     missing = rows.filter(rows["prompt"].is_null())
     if missing.height:

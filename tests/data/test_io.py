@@ -655,6 +655,25 @@ def test_a_selective_read_still_checks_what_it_reads(tmp_path):
     io.read_artifact(path, ROLLOUTS, columns=["completion_text"])  # the broken column is not read: no complaint
 
 
+def test_validate_file_checks_every_batch_and_keys_across_batches(tmp_path):
+    good = io.write_artifact(rollouts_frame(), tmp_path / "good.parquet", ROLLOUTS)
+    meta, rows, columns = io.validate_file(good, ROLLOUTS, batch_rows=1)
+    assert (meta["artifact"], rows, columns) == ("rollouts", 4, len(ROLLOUTS.column_names))
+    # a key repeated in another batch of one row
+    frame = rollouts_frame()
+    dup = write_raw(pl.concat([frame, frame.head(1)]), tmp_path / "dup.parquet", meta_of(ROLLOUTS))
+    with pytest.raises(ArtifactError, match=r"dup.parquet: 1 duplicate key\(s\) on \['prompt_id', 'sample_idx'\]"):
+        io.validate_file(dup, ROLLOUTS, batch_rows=1)
+    # the last row's list one entry short: found in its own batch
+    short = frame.with_columns(pl.when(pl.col("sample_idx") == 1).then(pl.col("sampler_logprobs").list.head(0))
+                               .otherwise(pl.col("sampler_logprobs")).alias("sampler_logprobs"))
+    bad = write_raw(short, tmp_path / "short.parquet", meta_of(ROLLOUTS))
+    with pytest.raises(ArtifactError, match="column 'sampler_logprobs' has 0 entries"):
+        io.validate_file(bad, ROLLOUTS, batch_rows=1)
+    empty = io.write_artifact(frame.head(0), tmp_path / "empty.parquet", ROLLOUTS)
+    assert io.validate_file(empty, ROLLOUTS)[1] == 0
+
+
 # ----------------------------------------------------------------------------------------------
 # Atomic writes
 # ----------------------------------------------------------------------------------------------
