@@ -170,8 +170,8 @@ def step_command(step: str, data: Path, repo: Path, out: Path) -> list[str]:
                 "--out", str(out / "scores.parquet"), "--metrics", str(out / "metrics-score.json")]
     if name == "train_data":
         return [py, str(Path(__file__).resolve()), "train-data", str(data), str(out / "advantages-grpo.parquet")]
-    if name == "inspect":
-        return [py, "-m", "rlpipe.cli", "inspect", str(data / "rollouts.parquet"), "--json"]
+    if name == "inspect":  # `rlpipe inspect .` on a project whose paths name these tables: joins them all
+        return [py, "-m", "rlpipe.cli", "inspect", str(inspect_project(data, out)), "--json"]
     if name == "validate":
         return [py, "-m", "rlpipe.cli", "validate", str(data / "rollouts.parquet")]
     raise typer.BadParameter(f"unknown step {step!r}")
@@ -188,6 +188,19 @@ NEEDED = {  # the columns each step reads, for the memory multiplier's denominat
     "validate": {"rollouts": None},
 }
 NEEDED["advantage:gae"] = {**NEEDED["advantage:reinforce_plus_plus"], "values": ["values"]}
+
+
+def inspect_project(data: Path, out: Path) -> Path:
+    """A project directory whose params.yaml points at the tables (advantages: the grpo run's, if any)."""
+    project = out / "project"
+    project.mkdir(parents=True, exist_ok=True)
+    base = yaml.safe_load(params_for(data, "grpo").read_text())
+    base["paths"].update({"rollouts": str(data / "rollouts.parquet"), "scores": str(data / "scores.parquet"),
+                          "ref_logprobs": str(data / "ref_logprobs.parquet"),
+                          "advantages": str(out / "advantages-grpo.parquet"),
+                          "train_prompts": str(data / "prompts.parquet")})
+    (project / "params.yaml").write_text(yaml.safe_dump(base, sort_keys=False))
+    return project
 
 
 OUTPUTS = {"score": "scores.parquet", "advantage:grpo": "advantages-grpo.parquet",
