@@ -367,7 +367,7 @@ def _batches(parquet: pq.ParquetFile, p: Path, schema: ArtifactSchema, only: lis
     _check_unique_keys(pl.concat(keys), schema.keys, str(p))
 
 
-def validate_file(path: str | os.PathLike, schema: ArtifactSchema, *, batch_rows: int = 65536
+def validate_file(path: str | os.PathLike, schema: ArtifactSchema, *, batch_rows: int = 8192
                   ) -> tuple[dict[str, Any], int, int]:
     """Check a whole artifact, a batch of rows at a time (`stream_artifact`); return (footer, rows, columns)."""
     stream = stream_artifact(path, schema, batch_rows=batch_rows)
