@@ -11,7 +11,7 @@ from rlpipe.config import load_params
 from rlpipe.data.io import read_artifact, stream_artifact, write_artifact
 from rlpipe.data.schema import PROMPTS, ROLLOUTS, SCORES
 from rlpipe.progress import stage_progress
-from rlpipe.stages.score import SCORED_ROLLOUT_COLUMNS, rows_to_score, score_batches
+from rlpipe.stages.score import rows_to_score, score_batches, scored_rollout_columns
 
 app = typer.Typer(add_completion=False)
 
@@ -27,7 +27,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     with timer.phase("setup"):
         cfg = load_params(params).score
     with timer.phase("read"):  # the prompts; the rollouts are read a batch at a time while scoring
-        roll = stream_artifact(rollouts, ROLLOUTS, columns=SCORED_ROLLOUT_COLUMNS)
+        roll = stream_artifact(rollouts, ROLLOUTS, columns=scored_rollout_columns(cfg))
         prompt_table = read_artifact(prompts, PROMPTS).frame
     with timer.phase("compute"):
         batches = (rows_to_score(batch, prompt_table, rollouts_path=rollouts, prompts_path=prompts)

@@ -39,6 +39,7 @@ from rlpipe.data.lists import TokenIds, row_arrays
 from rlpipe.data.schema import ROLLOUTS
 from rlpipe.errors import ArtifactError, ConfigError, InfrastructureError, RlpipeError, ScoringError
 from rlpipe.rewards.base import Sample
+from rlpipe.rewards.functions import REWARD_FUNCTIONS
 from rlpipe.rewards.registry import (RewardSpec, batch_values, component_columns, is_batch_reward, prepare_rewards,
                                      score_sample_details)
 
@@ -159,6 +160,19 @@ def reward_info(specs: list[RewardSpec], fns: Any) -> dict[str, Any]:
 SCORED_ROLLOUT_COLUMNS = ["prompt_token_ids", "completion_token_ids", "completion_text", "completion_length",
                           "finish_reason", "truncated", "turn_texts", "turn_rewards", "tool_calls", "environment_error"]
 TOKEN_ID_COLUMNS = ("prompt_token_ids", "completion_token_ids")
+# built-in rewards that never read the token ids (the reward model does; a reward of your own may)
+REWARDS_WITHOUT_TOKEN_IDS = frozenset(REWARD_FUNCTIONS) - {"reward_model"}
+
+
+def scored_rollout_columns(cfg: ScoreConfig) -> list[str]:
+    """The rollout columns score reads: without the token ids when no configured reward can read them.
+
+    Why: the ids are most of a rollout table (at 67M tokens, 85% of what score would read), and only the
+    reward model and rewards of your own see them; with neither, `Sample`'s ids are None.
+    """
+    if all(entry.name in REWARDS_WITHOUT_TOKEN_IDS for entry in cfg.rewards):
+        return [c for c in SCORED_ROLLOUT_COLUMNS if c not in TOKEN_ID_COLUMNS]
+    return list(SCORED_ROLLOUT_COLUMNS)
 
 
 def row_dicts(rows: pl.DataFrame) -> Iterator[dict[str, Any]]:

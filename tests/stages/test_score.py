@@ -128,3 +128,24 @@ def test_a_nan_fallback_reward_is_counted_and_left_out_of_the_metrics():
     m = score_metrics(frame, {"exact_answer": "reward_exact_answer"}, {"ValueError": 1}, {})
     assert (m["reward_mean"], m["unscorable"]) == (0.5, 1)
     assert m["reward_std"] == pytest.approx(0.7071, abs=1e-4)
+
+
+def test_token_ids_are_read_only_when_a_reward_can_read_them():
+    from rlpipe.stages.score import SCORED_ROLLOUT_COLUMNS, scored_rollout_columns
+
+    without = scored_rollout_columns(cfg())
+    assert "completion_token_ids" not in without and "prompt_token_ids" not in without
+    assert set(without) == set(SCORED_ROLLOUT_COLUMNS) - {"completion_token_ids", "prompt_token_ids"}
+    own = RewardEntry("my_pkg.rewards:by_tokens", 1.0, {})
+    model = RewardEntry("reward_model", 1.0, {})
+    assert scored_rollout_columns(cfg([EXACT, own])) == SCORED_ROLLOUT_COLUMNS
+    assert scored_rollout_columns(cfg([EXACT, model])) == SCORED_ROLLOUT_COLUMNS
+
+
+def test_rows_in_batches_score_as_one_table():
+    from rlpipe.stages.score import score_batches
+
+    table = rows(["1", "2", "x", "4", "5"], ["1", "3", "3", "4", "5"])
+    whole, whole_m = score_rows(table, cfg())
+    parts, parts_m = score_batches([table.slice(0, 2), table.slice(2, 2), table.slice(4, 1)], cfg())
+    assert parts.equals(whole) and parts_m == whole_m
