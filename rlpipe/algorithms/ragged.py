@@ -122,19 +122,26 @@ def row_sums(x_N: np.ndarray, layout: Layout) -> np.ndarray:
 
 def token_kl(old_logprobs_N, ref_logprobs_N, mask_N, *, estimator: str) -> np.ndarray:
     """Per-token KL of pi_old from pi_ref on pi_old's samples; 0 outside the mask (see
-    `rlpipe.algorithms.advantages.token_kl` for the estimators)."""
+    `rlpipe.algorithms.advantages.token_kl` for the estimators). Computed in place on one copy: at
+    scale every N-sized temporary is a gigabyte."""
     m = np.asarray(mask_N, dtype=bool)
-    d = valid_tokens(old_logprobs_N, "old_logprobs", m) - valid_tokens(ref_logprobs_N, "ref_logprobs", m)
+    d = valid_tokens(old_logprobs_N, "old_logprobs", m)
+    d -= valid_tokens(ref_logprobs_N, "ref_logprobs", m)
     if estimator == "k1":
         kl = d
     elif estimator == "k2":
-        kl = 0.5 * d * d
+        kl = 0.5 * d
+        kl *= d
     elif estimator == "k3":
-        dc = np.clip(d, -20.0, 20.0)
-        kl = np.exp(-dc) - 1.0 + dc
+        clipped = np.clip(d, -20.0, 20.0)
+        kl = np.negative(clipped)
+        np.exp(kl, out=kl)
+        kl -= 1.0
+        kl += clipped
     else:
         raise ValueError(f"unknown KL estimator {estimator!r}; valid: ['k1', 'k2', 'k3']")
-    return np.where(m, kl, 0.0)
+    kl[~m] = 0.0
+    return kl
 
 
 def last_valid_token(mask_N: np.ndarray, layout: Layout) -> np.ndarray:
@@ -167,7 +174,16 @@ def kl_penalized_token_rewards(scores_B, old_logprobs_N, ref_logprobs_N, mask_N,
     m = check_mask(mask_N, layout.num_tokens)
     if s_B.shape != (layout.num_rows,):
         raise ValueError(f"scores has {s_B.shape[0] if s_B.ndim else 0} rows, the layout has {layout.num_rows}")
-    rewards_N = -beta * token_kl(old_logprobs_N, ref_logprobs_N, m, estimator=estimator)
+    return penalized_rewards(s_B, token_kl(old_logprobs_N, ref_logprobs_N, m, estimator=estimator), m, layout,
+                             beta=beta)
+
+
+def penalized_rewards(scores_B, kl_N: np.ndarray, mask_N: np.ndarray, layout: Layout, *, beta: float) -> np.ndarray:
+    """`kl_penalized_token_rewards` from the KL already computed, turned into the rewards in place (the
+    advantage stage also sums each row's KL: one N-sized array serves both)."""
+    s_B = np.asarray(scores_B, dtype=np.float64)
+    m = np.asarray(mask_N, dtype=bool)
+    rewards_N = np.multiply(kl_N, -beta, out=kl_N)
     last_B = last_valid_token(m, layout)
     rows_B = np.nonzero(last_B >= 0)[0]
     rewards_N[last_B[rows_B]] += s_B[rows_B]
@@ -204,7 +220,8 @@ def reward_to_go(token_rewards_N, mask_N, layout: Layout) -> np.ndarray:
         idx = ends[:k] - 1 - p
         acc[:k] = acc[:k] + r[idx]
         out[idx] = acc[:k]
-    return np.where(m, out, 0.0)
+    out[~m] = 0.0
+    return out
 
 
 def whiten(x_N, mask_N, *, form: str, eps: float) -> np.ndarray:
@@ -219,8 +236,12 @@ def whiten(x_N, mask_N, *, form: str, eps: float) -> np.ndarray:
     n = int(m.sum())
     if n == 0 or (form == "unbiased_rsqrt" and n == 1):
         return np.zeros(m.shape, dtype=np.float64)
-    mean = x[m].mean()
-    squares = float(((x[m] - mean) ** 2).sum())
+    deviations = x[m]
+    mean = deviations.mean()
+    deviations -= mean
+    np.square(deviations, out=deviations)
+    squares = float(deviations.sum())
+    del deviations
     if form == "std":
         scale = np.sqrt(squares / n) + eps
     elif form == "unbiased_rsqrt":
@@ -229,7 +250,10 @@ def whiten(x_N, mask_N, *, form: str, eps: float) -> np.ndarray:
         scale = np.sqrt(max(squares / n, eps))
     if scale == 0.0:  # all valid values equal and eps = 0: nothing to scale
         return np.zeros(m.shape, dtype=np.float64)
-    return np.where(m, (x - mean) / scale, 0.0)
+    x -= mean  # in place on valid_tokens' copy: the same bits as (x - mean) / scale, without two more arrays
+    x /= scale
+    x[~m] = 0.0
+    return x
 
 
 def gae(token_rewards_N, values_N, mask_N, layout: Layout, *, gamma: float, lam: float
@@ -254,4 +278,6 @@ def gae(token_rewards_N, values_N, mask_N, layout: Layout, *, gamma: float, lam:
         adv_N[idx] = np.where(valid, adv_t, 0.0)
         next_value[:k] = np.where(valid, v[idx], next_value[:k])
         next_adv[:k] = np.where(valid, adv_t, next_adv[:k])
-    return adv_N, np.where(m, adv_N + v, 0.0)
+    returns_N = np.add(adv_N, v, out=v)
+    returns_N[~m] = 0.0
+    return adv_N, returns_N

@@ -147,10 +147,10 @@ def _compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights
         old = flat_values(rows["sampler_logprobs"], np.float64)
         ref = flat_values(rows["ref_logprobs"], np.float64)
         k = cfg.kl_in_reward
-        token_rewards = ragged.kl_penalized_token_rewards(rewards, old, ref, mask, layout, beta=k.beta,
-                                                          estimator=k.estimator)
-        kl_B = ragged.row_sums(ragged.token_kl(old, ref, mask, estimator=k.estimator), layout)
+        kl = ragged.token_kl(old, ref, mask, estimator=k.estimator)
         del old, ref
+        kl_B = ragged.row_sums(kl, layout)
+        token_rewards = ragged.penalized_rewards(rewards, kl, mask, layout, beta=k.beta)  # in place: kl is gone
     if cfg.needs_critic:
         values = flat_values(rows["values"], np.float64)
     ddof = 1 if cfg.std_mode == "sample" else 0
