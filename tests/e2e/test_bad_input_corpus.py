@@ -35,6 +35,9 @@ INPUTS = {
     "evaluate": {"--prompts": "prompt_token_ids"},
 }
 PER_TOKEN = {"--rollouts": "sampler_logprobs", "--ref-logprobs": "ref_logprobs", "--advantages": "token_advantages"}
+# A stage checks the columns it reads (it reads only those): the per-token column to break, where it is not the above.
+# Score with the built-in rewards reads no per-token column (no token ids either): it has no such case.
+PER_TOKEN_READ = {("advantage", "--rollouts"): "policy_mask", ("score", "--rollouts"): None}
 # inputs joined on keys with another input of the same stage: a row dropped here leaves a key unmatched
 JOINED = {("score", "--prompts"), ("advantage", "--scores"), ("train", "--ref-logprobs"), ("train", "--advantages")}
 
@@ -99,11 +102,15 @@ FILE_CASES = ["missing_file", "empty_file", "truncated_parquet", "corrupt_parque
               "missing_column", "wrong_dtype", "duplicate_keys", "token_length_mismatch", "unmatched_keys"]
 
 
+def per_token_column(stage: str, option: str) -> str | None:
+    return PER_TOKEN_READ.get((stage, option), PER_TOKEN.get(option))
+
+
 def file_cases():
     for stage, inputs in INPUTS.items():
         for option in inputs:
             for case in FILE_CASES:
-                if case == "token_length_mismatch" and option not in PER_TOKEN:
+                if case == "token_length_mismatch" and per_token_column(stage, option) is None:
                     continue
                 if case == "unmatched_keys" and (stage, option) not in JOINED:
                     continue
@@ -125,7 +132,7 @@ def assert_refused(ws: Path, stage: str, args: list[str], *needles: str) -> str:
 def test_a_bad_input_file_is_refused_naming_it(ws, stage, option, case):  # noqa: F811
     src = Path(stage_args(ws, stage)[stage_args(ws, stage).index(option) + 1])
     dest = ws / f"bad_{case}.parquet"
-    bad, needle = bad_file(case, src, dest, INPUTS[stage][option], PER_TOKEN.get(option),
+    bad, needle = bad_file(case, src, dest, INPUTS[stage][option], per_token_column(stage, option),
                            ws / "artifacts/generate/rollouts.parquet")
     assert_refused(ws, stage, stage_args(ws, stage, **{option: str(bad)}), bad.name, needle)
 
