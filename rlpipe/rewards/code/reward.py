@@ -25,7 +25,8 @@ Options, all required (params.yaml; docs/reliability.md has an example):
   work_dir_mb            size of the writable /tmp (and /dev/shm) in the private file system
   max_output_bytes       stdout + stderr + return value read per test case before it is killed
   partial_credit         see above
-  float_tolerance        numbers compare equal within this relative or absolute distance (0: exactly)
+  float_tolerance        a float expected value is met within this relative or absolute distance (an int
+                         answer: absolute only); an integer expected value only exactly (0: all exactly)
   allow_forgeable_tests  true: tests that cannot be judged outside run inside the program (forgeable!)
   required_protections   names from `PROTECTIONS` that must be active here, else every row raises
 """

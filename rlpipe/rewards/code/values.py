@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from fractions import Fraction
 
-__all__ = ["Unsupported", "MAX_DEPTH", "encode", "dumps", "decode", "loads", "values_equal", "stdout_lines",
+__all__ = ["Unsupported", "MAX_DEPTH", "encode", "dumps", "decode", "loads", "values_equal", "numbers_equal", "stdout_lines",
            "stdout_equal"]
 
 MAX_DEPTH = 100  # nesting of containers; deeper is refused on both sides
@@ -143,20 +145,42 @@ def decode(raw, depth: int = 0):
 # Comparisons (the judge's side; every operand is plain built-in data)
 # ---------------------------------------------------------------------------------------------
 
-def _close(a, b, tolerance: float) -> bool:
-    return a == b or (tolerance > 0 and math.isclose(a, b, rel_tol=tolerance, abs_tol=tolerance))
+def numbers_equal(actual, expected, tolerance: float) -> bool:
+    """``actual == expected`` for two numbers (int or float), with ``tolerance`` where the expectation is a float.
+
+    Why the expectation decides: an int expected value is an exact answer (a count, an index, a
+    Fibonacci number), and a relative tolerance would accept any 7-digit answer +-1, or a float
+    approximation of an 18-digit one; so an int expectation is met only exactly. A float expectation
+    is met within ``tolerance``, relative or absolute, by a float; by an int only within the absolute
+    distance (an int answer is exact too: it must be that close, whatever its size).
+
+    >>> numbers_equal(1234568, 1234567, 1e-6), numbers_equal(1234567.0, 1234567, 1e-6)
+    (False, True)
+    >>> numbers_equal(2.0000001, 2.0, 1e-6), numbers_equal(10**17 + 3, 1e17, 1e-6)
+    (True, False)
+    """
+    if actual == expected:
+        return True
+    if tolerance <= 0 or type(expected) is not float or not math.isfinite(expected):
+        return False
+    if type(actual) is float:
+        return math.isclose(actual, expected, rel_tol=tolerance, abs_tol=tolerance)
+    return abs(Fraction(actual) - Fraction(expected)) <= tolerance  # exactly: int - float would round the int
 
 
 def values_equal(actual, expected, *, tolerance: float = 0.0, lists_for_tuples: bool = False, depth: int = 0) -> bool:
     """Python's ``actual == expected`` on plain data, with two options.
 
-    ``tolerance`` > 0: floats (against ints or floats) are equal within that relative or absolute
-    distance, also inside lists, tuples and dict values (not inside sets or dict keys, which hash).
+    ``tolerance`` > 0: a float expected value is met within that distance (`numbers_equal`: an int
+    expected value only exactly), also inside lists, tuples and dict values (not inside sets or dict
+    keys, which hash).
     ``lists_for_tuples``: a tuple counts as a list, as JSON (which has no tuples) wrote the expected
     value (APPS/TACO call-based tests).
 
-    >>> values_equal([1, 2.0000001], [1, 2], tolerance=1e-6), values_equal((1, 2), [1, 2])
+    >>> values_equal([1, 2.0000001], [1, 2.0], tolerance=1e-6), values_equal([1, 2.0000001], [1, 2], tolerance=1e-6)
     (True, False)
+    >>> values_equal((1, 2), [1, 2])
+    False
     >>> values_equal((1, 2), [1, 2], lists_for_tuples=True)
     True
     """
@@ -165,8 +189,8 @@ def values_equal(actual, expected, *, tolerance: float = 0.0, lists_for_tuples: 
     if lists_for_tuples and type(actual) is tuple:
         actual = list(actual)
     numbers = (int, float)
-    if type(actual) in numbers and type(expected) in numbers and (type(actual) is float or type(expected) is float):
-        return _close(actual, expected, tolerance)
+    if type(actual) in numbers and type(expected) in numbers:
+        return numbers_equal(actual, expected, tolerance)
     if type(actual) in (list, tuple) and type(actual) is type(expected):
         return len(actual) == len(expected) and all(
             values_equal(a, e, tolerance=tolerance, lists_for_tuples=lists_for_tuples, depth=depth + 1)
@@ -193,23 +217,31 @@ def stdout_lines(text: str) -> list[list[str]]:
     return lines
 
 
+_INTEGER_TOKEN = re.compile(r"[+-]?\d+")
+
+
 def _token_equal(actual: str, expected: str, tolerance: float) -> bool:
+    """Tokens equal as text; with a tolerance, an expected float token is met by a number within it
+    (`numbers_equal`); an expected integer token only by the same text."""
     if actual == expected:
         return True
-    if tolerance <= 0:
+    if tolerance <= 0 or _INTEGER_TOKEN.fullmatch(expected):
         return False
     try:
-        a, e = float(actual), float(expected)
+        e = float(expected)
+        a = int(actual) if _INTEGER_TOKEN.fullmatch(actual) else float(actual)
     except ValueError:
         return False
-    return math.isfinite(a) and math.isfinite(e) and math.isclose(a, e, rel_tol=tolerance, abs_tol=tolerance)
+    return math.isfinite(a) and numbers_equal(a, e, tolerance)
 
 
 def stdout_equal(actual: str, expected: str, *, tolerance: float = 0.0) -> bool:
     """Same lines of the same tokens (`stdout_lines`); with a tolerance, numeric tokens within it.
 
-    >>> stdout_equal("3.0000001\\nYES \\n", "3\\nYES", tolerance=1e-6), stdout_equal("1 2", "1\\n2")
+    >>> stdout_equal("3.0000001\\nYES \\n", "3.0\\nYES", tolerance=1e-6), stdout_equal("1 2", "1\\n2")
     (True, False)
+    >>> stdout_equal("3.0000001", "3", tolerance=1e-6)  # an integer answer is exact
+    False
     """
     got, want = stdout_lines(actual), stdout_lines(expected)
     return len(got) == len(want) and all(

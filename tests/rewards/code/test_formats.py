@@ -87,7 +87,8 @@ def test_values_compare_with_pythons_rules_and_the_two_options():
     assert eq((1, 2), [1, 2], lists_for_tuples=True) and eq([(1, 2)], [[1, 2]], lists_for_tuples=True)
     # 0.1 + 0.2 vs 0.3 differ by 5.6e-17: equal within 1e-9, not exactly
     assert not eq(0.1 + 0.2, 0.3) and eq(0.1 + 0.2, 0.3, tolerance=1e-9)
-    assert eq({"a": [1.0000001]}, {"a": [1]}, tolerance=1e-6) and not eq({"a": [1.01]}, {"a": [1]}, tolerance=1e-6)
+    assert eq({"a": [1.0000001]}, {"a": [1.0]}, tolerance=1e-6) and not eq({"a": [1.01]}, {"a": [1.0]}, tolerance=1e-6)
+    assert not eq({"a": [1.0000001]}, {"a": [1]}, tolerance=1e-6)  # an int expectation is exact
     assert not eq(float("nan"), float("nan"))
     assert not eq({1: 2}, {1: 2, 3: 4}) and eq({1, 2}, {2, 1})
 
@@ -95,7 +96,9 @@ def test_values_compare_with_pythons_rules_and_the_two_options():
 @pytest.mark.parametrize(("actual", "expected", "tolerance", "equal"), [
     ("3\n", "3", 0, True), ("3 \r\n\n\n", "3\n", 0, True), ("1  2\n", "1 2\n", 0, True),
     ("1 2", "1\n2", 0, False), ("\n3", "3", 0, False), ("", "0", 0, False), ("3\n4", "3", 0, False),
-    ("0.3333333", "0.333333333", 1e-6, True), ("0.33", "0.333333333", 1e-6, False), ("1e3", "1000", 1e-9, True),
+    ("0.3333333", "0.333333333", 1e-6, True), ("0.33", "0.333333333", 1e-6, False), ("1e3", "1000.0", 1e-9, True),
+    ("1e3", "1000", 1e-9, False), ("1234568", "1234567", 1e-6, False), ("1234567.0000001", "1234567", 1e-6, False),
+    ("3", "3.0000001", 1e-6, True), ("3", "3.00001", 1e-6, False),
     ("nan", "nan", 1e-6, True), ("inf", "1e308", 1e-6, False), ("YES", "yes", 0, False),
 ])
 def test_stdout_is_compared_line_by_line_token_by_token(actual, expected, tolerance, equal):
@@ -268,6 +271,33 @@ def returned(value) -> bytes:
 ])
 def test_the_judge_reads_records_as_untrusted(rec, check, kind):
     assert judge_case(rec, check, cpu_time_s=1, tolerance=0.0)[0] == kind
+
+
+FIB_93 = 12200160415121876738  # beyond float's 53 bits: Binet's formula in floats gets it wrong
+
+
+@pytest.mark.parametrize(("returned_value", "check"), [
+    (1234568, Check("value", expected=1234567)),  # a 7-digit answer off by one
+    (float(FIB_93), Check("value", expected=FIB_93)),  # Binet's float Fibonacci
+    (float(FIB_93 + 1000), Check("value", expected=FIB_93)),
+    (123456790.0, Check("value", expected=[123456789], json_values=True)),  # APPS fn_name: the one-element unwrap
+    ([987654320], Check("value", expected=[987654321], json_values=True)),  # LiveCodeBench functional
+    (1000001, Check("value", "in", [1000000, 2000000])),  # assert f(x) in [...]
+    (1000000.5, Check("value", "in", [1000000, 2000000])),
+])
+def test_a_float_tolerance_never_accepts_a_wrong_integer(returned_value, check):
+    assert judge_case(record(status=returned(returned_value)), check, cpu_time_s=1, tolerance=1e-6)[0] == "wrong_answer"
+    right = check.expected[0] if isinstance(check.expected, list) else check.expected
+    assert judge_case(record(status=returned(right)), check, cpu_time_s=1, tolerance=1e-6)[0] == "pass"
+
+
+def test_a_float_expectation_is_met_within_the_tolerance_by_floats_and_by_exact_enough_ints():
+    close = Check("value", expected=2.5)
+    assert judge_case(record(status=returned(2.5000001)), close, cpu_time_s=1, tolerance=1e-6)[0] == "pass"
+    big = Check("value", expected=1e17)  # relative 1e-6 of 1e17 is 1e11, but an int answer is held to 1e-6
+    assert judge_case(record(status=returned(10**17 + 3)), big, cpu_time_s=1, tolerance=1e-6)[0] == "wrong_answer"
+    assert judge_case(record(status=returned(10**17)), big, cpu_time_s=1, tolerance=1e-6)[0] == "pass"
+    assert judge_case(record(status=returned(1.0000001e17)), big, cpu_time_s=1, tolerance=1e-6)[0] == "pass"
 
 
 def test_apps_wrapped_outputs_match_unwrapped_but_assert_checks_are_exact():
