@@ -290,9 +290,10 @@ def _follow(watch: _Watch, proc: subprocess.Popen, isolation: Isolation, limits:
                 if "setup_error" in payload:
                     raise SandboxUnavailable(f"a test case's process could not start: {payload['setup_error']}")
                 seen += 1
-                deadline = time.monotonic() + limits.timeout_s + CASE_GRACE_S
                 if not on_case(_record(payload)) or seen == total:
                     return
+                # after judging: the judge's own time (the host's, on a busy box) is not the next case's
+                deadline = time.monotonic() + limits.timeout_s + CASE_GRACE_S
             elif word == "done" and ready:
                 return
         watch.lines.clear()

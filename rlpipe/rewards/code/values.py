@@ -100,6 +100,34 @@ def loads(text: str | bytes):
     return decode(raw)
 
 
+MAX_SHARED_HASH = 32  # distinct keys of one set or dict that may share a hash value
+
+
+def _refuse_hash_flooding(keys: list, tag: str) -> None:
+    """Refuse keys of which many distinct ones share one hash, in O(n), before a set or dict is built of them.
+
+    Why: building a set of n distinct values with one hash takes O(n^2) comparisons in the scoring
+    process, outside every sandbox limit: 41,000 integers k * (2**61 - 1) (all hash to 0) cost ~7 s of
+    the judge's CPU per test case. Honest values almost never share a hash; equal values may (they
+    collapse), so only distinct values are counted.
+    """
+    if len(keys) <= MAX_SHARED_HASH:
+        return
+    by_hash: dict[int, list] = {}
+    for key in keys:  # hash(): TypeError for an unhashable key, the caller's Unsupported
+        by_hash.setdefault(hash(key), []).append(key)
+    for same_hash in by_hash.values():
+        if len(same_hash) <= MAX_SHARED_HASH:
+            continue
+        distinct: list = []  # equal values are fine: each key is compared with at most MAX_SHARED_HASH kept ones
+        for key in same_hash:
+            if not any(key == seen for seen in distinct):
+                distinct.append(key)
+                if len(distinct) > MAX_SHARED_HASH:
+                    raise Unsupported(f"a {tag} of which more than {MAX_SHARED_HASH} distinct values share one "
+                                      "hash (hash flooding)")
+
+
 def decode(raw, depth: int = 0):
     """A parsed JSON structure -> plain data (the inverse of `encode`); raises Unsupported."""
     if depth > MAX_DEPTH:
@@ -130,8 +158,12 @@ def decode(raw, depth: int = 0):
         if tag == "dict":
             if not all(type(pair) is list and len(pair) == 2 for pair in body):
                 raise Unsupported("dict tag without [key, value] pairs")
-            return {decode(k, depth + 1): decode(v, depth + 1) for k, v in body}
+            pairs = [(decode(k, depth + 1), decode(v, depth + 1)) for k, v in body]
+            _refuse_hash_flooding([k for k, _ in pairs], tag)
+            return dict(pairs)
         items = [decode(item, depth + 1) for item in body]
+        if tag != "tuple":
+            _refuse_hash_flooding(items, tag)
         return {"tuple": tuple, "set": set, "frozenset": frozenset}[tag](items)
     except TypeError as exc:  # an unhashable key or set element
         raise Unsupported(f"{tag}: {exc}") from None

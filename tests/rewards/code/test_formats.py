@@ -2,9 +2,12 @@
 judge's verdict on hand-made case records (what the sandbox would have returned)."""
 from __future__ import annotations
 
+import base64
 import doctest
 import json
 import math
+import time
+import types
 
 import pytest
 
@@ -319,3 +322,58 @@ def test_transforms_and_type_checks_run_on_plain_data_here():
     assert judge_case(record(status=returned(5)), is_int, cpu_time_s=1, tolerance=0)[0] == "pass"
     assert judge_case(record(status=returned(5.0)), is_int, cpu_time_s=1, tolerance=0)[0] == "wrong_answer"
     assert judge_case(record(status=returned(True)), is_int, cpu_time_s=1, tolerance=0)[0] == "wrong_answer"
+
+
+class _ScriptedWatch:
+    """What `process._follow` reads, scripted: each poll delivers the next report line (or waits the timeout)."""
+
+    def __init__(self, script):
+        self.script, self.lines, self.exited = list(script), [], False
+        self.driver_pidfd, self.runner_output = None, bytearray()
+
+    def poll(self, timeout):
+        if self.script:
+            self.lines.append(self.script.pop(0))
+        else:
+            time.sleep(timeout)
+
+    def drain(self):
+        pass
+
+
+def _case_line(index):
+    empty = base64.b64encode(b"").decode()
+    return ("case", {"index": index, "stop": "exit", "exit": 0, "wall_s": 0.0, "cpu_s": 0.0, "oom_kills": 0,
+                     "out": empty, "err": empty, "status": empty})
+
+
+def test_the_judges_own_time_does_not_count_against_the_next_case(monkeypatch):
+    from rlpipe.rewards.code import process
+
+    monkeypatch.setattr(process, "CASE_GRACE_S", 0.0)
+    limits = types.SimpleNamespace(timeout_s=0.2)
+    judged = []
+
+    def slow_judge(record):  # a judge that takes longer than a case may (a busy box, a big status line)
+        time.sleep(0.4)
+        judged.append(record.index)
+        return True
+
+    watch = _ScriptedWatch([("ready", {}), _case_line(0), _case_line(1)])
+    process._follow(watch, None, types.SimpleNamespace(namespaces=False), limits, 2, slow_judge)
+    assert judged == [0, 1]
+
+
+def test_hash_flooded_sets_and_dicts_are_refused_in_linear_time():
+    collide = [k * (2**61 - 1) for k in range(1, 41_001)]  # distinct ints that all hash to 0
+    for raw in ({"set": collide}, {"frozenset": collide}, {"dict": [[k, 0] for k in collide]}):
+        start = time.perf_counter()
+        with pytest.raises(values.Unsupported, match="share one hash"):
+            values.decode(raw)
+        assert time.perf_counter() - start < 1.0  # building it would take seconds of the judge's CPU
+    assert values.decode({"set": [5] * 41_000}) == {5}  # equal values share a hash and collapse: fine
+    assert len(values.decode({"set": list(range(41_000))})) == 41_000
+    some = [g + k * (2**61 - 1) for g in range(100) for k in range(1, values.MAX_SHARED_HASH + 1)]
+    assert len(values.decode({"set": some})) == len(some)  # up to MAX_SHARED_HASH per hash is allowed
+    returned_set = record(status=json.dumps({"status": "returned", "value": {"set": collide}}).encode())
+    assert judge_case(returned_set, Check("value", expected={1, 2}), cpu_time_s=1, tolerance=0)[0] == "wrong_answer"
