@@ -289,6 +289,21 @@ def _ignorable(stmt: ast.stmt, constants: dict) -> bool:
     return False
 
 
+def _without(module: ast.Module, judged: set[int]) -> str:
+    """The test source the program's process runs in opt-in mode: every statement but the asserts judged outside.
+
+    Why: those asserts hold expected values; inside the process a wrong program could read them (from
+    the source, or through `gc`) and pass the tests it runs itself. Removing them changes nothing
+    else: an assert judged outside is a call with literal arguments compared with a literal, it binds
+    no name. A test function left without a statement keeps a `pass`.
+    """
+    kept = [stmt for stmt in module.body if id(stmt) not in judged]
+    for stmt in kept:
+        if isinstance(stmt, ast.FunctionDef) and any(id(inner) in judged for inner in stmt.body):
+            stmt.body = [inner for inner in stmt.body if id(inner) not in judged] or [ast.Pass()]
+    return ast.unparse(ast.Module(body=kept, type_ignores=[]))
+
+
 def _from_python(source: str, metadata: dict, allow_forgeable: bool) -> list[TaskTest]:
     try:
         module = ast.parse(source, "<tests>")
@@ -299,6 +314,7 @@ def _from_python(source: str, metadata: dict, allow_forgeable: bool) -> list[Tas
     entry_point = metadata.get("entry_point")
     tests: list[TaskTest] = []
     refused: list[tuple[ast.stmt, str]] = []
+    judged: set[int] = set()  # id() of the asserts judged outside: never sent into the program's process
     top = _Context(constants, defined, {})
 
     def add(stmt: ast.stmt, ctx: _Context) -> None:
@@ -308,6 +324,7 @@ def _from_python(source: str, metadata: dict, allow_forgeable: bool) -> list[Tas
         except (Unconvertible, RecursionError) as exc:
             refused.append((stmt, str(exc)))
             return
+        judged.add(id(stmt))
         tests.append(TaskTest(name, tuple(Case(sandbox, check) for sandbox, check in pairs)))
 
     for stmt in module.body:
@@ -351,7 +368,7 @@ def _from_python(source: str, metadata: dict, allow_forgeable: bool) -> list[Tas
         functions = [s.name for s in module.body if isinstance(s, ast.FunctionDef) and s.name.startswith("test_")]
         has_check = any(isinstance(s, ast.FunctionDef) and s.name == "check" for s in module.body)
         tests.append(TaskTest("the tests run inside the program's process (forgeable)", (Case(
-            {"mode": "python", "python": source, "test_functions": functions,
+            {"mode": "python", "python": _without(module, judged), "test_functions": functions,
              "check": entry_point if has_check and isinstance(entry_point, str) else None},
             Check("ran")),), forgeable=True))
     return tests

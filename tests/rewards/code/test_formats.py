@@ -212,7 +212,9 @@ def test_with_the_opt_in_they_run_inside_as_one_forgeable_test():
     parsed = parse_tests(source, metadata={}, allow_forgeable=True)
     assert [t.forgeable for t in parsed] == [False, False, True]  # f(1) and test_x's assert are judged outside
     inside = parsed[-1].cases[0]
-    assert inside.sandbox == {"mode": "python", "python": source, "test_functions": ["test_x"], "check": None}
+    # inside goes everything but the asserts judged outside (test_x keeps a `pass`)
+    assert inside.sandbox == {"mode": "python", "python": "for i in range(3):\n    assert f(i) == i\n\ndef test_x():\n"
+                              "    pass", "test_functions": ["test_x"], "check": None}
     assert inside.check == Check("ran")
 
 
@@ -377,3 +379,20 @@ def test_hash_flooded_sets_and_dicts_are_refused_in_linear_time():
     assert len(values.decode({"set": some})) == len(some)  # up to MAX_SHARED_HASH per hash is allowed
     returned_set = record(status=json.dumps({"status": "returned", "value": {"set": collide}}).encode())
     assert judge_case(returned_set, Check("value", expected={1, 2}), cpu_time_s=1, tolerance=0)[0] == "wrong_answer"
+
+
+def test_opt_in_sends_only_the_statements_judged_inside_into_the_program():
+    source = ("import math\nLIMIT = 10\ndef helper(x):\n    return x + 1\nassert f(1) == 4242\n"
+              "def test_a():\n    assert f(2) == 1717\n    y = f(3)\n    assert y > 0\n"
+              "def test_b():\n    assert f(4) == 9393\n")
+    tests = parse_tests(source, metadata={}, allow_forgeable=True)
+    assert [t.forgeable for t in tests] == [False, False, False, True]
+    inside = tests[-1].cases[0].sandbox
+    # the expected values judged outside never reach the program's process
+    assert "4242" not in inside["python"] and "1717" not in inside["python"] and "9393" not in inside["python"]
+    assert "y = f(3)" in inside["python"] and "assert y > 0" in inside["python"]
+    assert "def helper(x)" in inside["python"] and "LIMIT = 10" in inside["python"]
+    assert inside["test_functions"] == ["test_a", "test_b"]
+    namespace = {"f": lambda x: x}
+    exec(compile(inside["python"], "<inside>", "exec"), namespace)
+    namespace["test_a"](), namespace["test_b"]()  # test_b is left as `pass`: runs
