@@ -9,12 +9,17 @@ from pathlib import Path
 from rlpipe.errors import ArtifactError
 
 
+REPLACEMENT = "\ufffd"  # what a decoder makes of bytes that are not (yet) a whole UTF-8 character
+
+
 class TokenDecoder:
     """Per-token text with a tokenizer's own decoder (``tokenizer.json``, via the `tokenizers` library).
 
     Each token's text is the growth of the decoded text when the token is appended to a few tokens
     of left context: that keeps the spaces of SentencePiece/BPE pieces and multi-byte characters
-    that a token-by-token decode would mangle, at O(n) cost.
+    that a token-by-token decode would mangle, at O(n) cost. A character whose bytes span several
+    tokens (an en dash, an emoji, under a byte-level BPE) is drawn whole by the token that completes
+    it; the tokens before it show nothing (their bytes decode to U+FFFD until the character is whole).
     """
 
     CONTEXT = 6
@@ -32,7 +37,11 @@ class TokenDecoder:
         out = []
         for i, tid in enumerate(ids):
             context = list(ids[max(0, i - self.CONTEXT):i])
-            before, after = self.text(context), self.text([*context, tid])
+            # bytes of a character not yet complete decode to U+FFFD: they belong to the token that completes it
+            before = self.text(context).rstrip(REPLACEMENT)
+            after = self.text([*context, tid])
+            if i + 1 < len(ids):  # the last token keeps what it cannot complete: the text really ends there
+                after = after.rstrip(REPLACEMENT)
             out.append(after[len(before):] if after.startswith(before) else self.text([tid]))
         return out
 
