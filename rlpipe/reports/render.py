@@ -337,7 +337,7 @@ def diff_numbers(row: dict[str, Any]) -> tuple[str, str, str]:
         if not isinstance(v, (int, float)):
             return str(v)
         text = f"{v:.{digits}f}"
-        return text[1:] if text.lstrip("-0.") == "" else text  # a tiny negative is "0.0000", not "-0.0000"
+        return f"{0.0:.{digits}f}" if text.lstrip("-0.") == "" else text  # 0 and a tiny negative: "0.0000"
     delta = "-" if row["delta"] is None else f"{row['delta']:+.{digits}f}"
     if delta in (f"+{0:.{digits}f}", f"-{0:.{digits}f}") and row["delta"] != 0:
         delta = f"{row['delta']:+.2g}"  # a change smaller than the shown digits is not "0"

@@ -49,6 +49,8 @@ def test_numbers_never_print_negative_zero_and_diff_numbers_share_decimals():
     assert diff_numbers({"a": 0.1, "b": 0.10001, "delta": 1e-5}) == ("0.1000", "0.1000", "+1e-05")
     assert diff_numbers({"a": None, "b": 0.5, "delta": None}) == ("-", "0.5000", "-")
     assert diff_numbers({"a": -2e-9, "b": 0.25, "delta": 0.25})[0] == "0.0000"  # not "-0.0000"
+    assert diff_numbers({"a": 0.0, "b": 0.25, "delta": 0.25})[0] == "0.0000"  # not ".0000"
+    assert diff_numbers({"a": 0, "b": 0.5, "delta": 0.5})[0] == "0.0000"
 
 
 def test_summary_lines_nest_components_and_split_histograms():
