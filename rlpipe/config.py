@@ -426,8 +426,13 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {_type_name(tp)}")
     if origin is Literal:
         choices = typing.get_args(tp)
+        if isinstance(value, bool) and {"on", "off"} <= set(choices):
+            # YAML 1.1 (and `dvc exp run -S`, which rewrites params.yaml) reads on/off/yes/no unquoted as booleans
+            return "on" if value else "off"
         if value not in choices:
-            raise ConfigError(f"{where}: {value!r} is not one of {list(choices)}")
+            hint = ("; YAML reads on/off/yes/no/true/false unquoted as a boolean: quote the value"
+                    if isinstance(value, bool) else "")
+            raise ConfigError(f"{where}: {value!r} is not one of {list(choices)}{hint}")
         return value
     if origin is tuple:
         (item_tp, _ellipsis) = typing.get_args(tp)

@@ -227,17 +227,6 @@ def test_invalid_choice_lists_the_valid_ones(tmp_path, data, section, key, value
     assert config_error(dump(tmp_path, data)).endswith(f": {section}.{key}: {value!r} is not one of {choices}")
 
 
-def test_yaml_on_is_a_bool_not_the_choice_on(tmp_path):
-    """YAML 1.1 reads a bare `on` as true: the choice must be quoted, and the loader says what it got."""
-    text = PARAMS.read_text()
-    assert "    chat_template: auto" in text
-    path = tmp_path / "params.yaml"
-    path.write_text(text.replace("    chat_template: auto", "    chat_template: on"))
-    assert config_error(path).endswith(": prepare.files.chat_template: True is not one of ['auto', 'on', 'off']")
-    path.write_text(text.replace("    chat_template: auto", '    chat_template: "on"'))
-    assert load_params(path).prepare.files.chat_template == "on"
-
-
 def test_nullable_values_accept_null(tmp_path, data):
     data["train"]["dual_clip_c"] = None
     data["prepare"]["files"]["answer_column"] = None
@@ -480,3 +469,17 @@ def test_the_policy_loss_gets_its_log_ratio_clamp(tmp_path, data):
     assert load_params(dump(tmp_path, data)).train.policy_loss_log_ratio_clamp == 10.0
     data["train"]["policy_loss"] = "ppo_clip"
     assert load_params(dump(tmp_path, data)).train.policy_loss_log_ratio_clamp == 20.0
+
+
+@pytest.mark.parametrize(("written", "meant"), [("off", "off"), ("on", "on"), ("no", "off"), ("yes", "on"),
+                                                ("false", "off"), ("true", "on"), ('"off"', "off"), ("auto", "auto")])
+def test_on_off_settings_survive_yaml_booleans(tmp_path, data, written, meant):
+    text = yaml.safe_dump(data).replace("chat_template: auto", f"chat_template: {written}")
+    assert f"chat_template: {written}" in text
+    (tmp_path / "params.yaml").write_text(text)
+    assert load_params(tmp_path / "params.yaml").prepare.files.chat_template == meant
+
+
+def test_a_boolean_for_another_enumeration_says_to_quote_it(tmp_path, data):
+    data["generate"]["engine"] = False  # `engine: off`, meant as the string
+    assert "quote the value" in config_error(dump(tmp_path, data))

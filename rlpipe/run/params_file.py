@@ -37,8 +37,10 @@ def set_params(path: str | Path, updates: dict[str, Any]) -> None:
 
 
 def _render(value: Any) -> str:
-    if isinstance(value, str):
-        return value if re.fullmatch(r"[A-Za-z0-9_./-]+", value) else json.dumps(value)
+    if isinstance(value, str):  # bare only where YAML 1.1 and 1.2 (DVC's) read it back as this string
+        bare = (re.fullmatch(r"[A-Za-z0-9_./-]+", value) and yaml.safe_load(value) == value
+                and not re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", value))  # `1e3`: a float to DVC
+        return value if bare else json.dumps(value)
     if isinstance(value, (list, dict)):  # on the key's own line: flow style ([a, b], {k: v})
         return yaml.safe_dump(value, default_flow_style=True, width=1_000_000).strip()
     return yaml.safe_dump(value).split("\n")[0]

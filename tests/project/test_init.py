@@ -239,3 +239,9 @@ def test_refresh_stages_refuses_a_directory_that_is_no_project(tmp_path):
     assert list(tmp_path.iterdir()) == []
     own = CliRunner().invoke(app, ["refresh-stages", str(REPO)])
     assert own.exit_code == 2 and "rlpipe's own source tree" in own.output
+
+
+@pytest.mark.parametrize("choice", ["auto", "on", "off"])
+def test_every_chat_template_choice_is_written_as_itself(inputs, tmp_path, choice):
+    make(inputs, tmp_path / "p", chat_template=choice)  # `off` used to be refused: read back as YAML's False
+    assert load_params(tmp_path / "p" / "params.yaml").prepare.files.chat_template == choice

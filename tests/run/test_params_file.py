@@ -135,12 +135,12 @@ def test_one_bad_key_among_several_writes_nothing(params):
     assert sorted(p.name for p in params.parent.iterdir()) == ["params.yaml"]
 
 
-def test_value_yaml_would_read_back_differently_is_refused(params):
-    """'123' would be written bare and read back as the int 123: refused rather than silently retyped."""
-    before = params.read_bytes()
-    with pytest.raises(RlpipeError, match=r"failed to set critic\.path \(read back 123\)"):
-        set_params(params, {"critic.path": "123"})
-    assert params.read_bytes() == before
+@pytest.mark.parametrize("value", ["123", "off", "yes", "null", "1e3", "true"])
+def test_a_string_yaml_would_read_as_another_type_is_quoted(params, value):
+    """'123' written bare would read back as the int 123, 'off' as False: such strings are quoted."""
+    set_params(params, {"critic.path": value})
+    assert f'path: "{value}"' in section_line(params.read_text(), "critic.path")
+    assert load_params(params).critic.path == value
 
 
 @pytest.mark.parametrize(
@@ -190,3 +190,16 @@ def test_a_nested_key_is_set_and_only_it(params):
     assert p.advantage.kl_in_reward.beta == 0.0105
     assert p.prepare.tiny.num_layers == 3
     assert "    beta: 0.0105                # with adaptive: true" in after
+
+
+def test_a_string_yaml_would_read_as_something_else_is_quoted_and_survives_dvc_rewriting(params):
+    from dvc.utils.serialize import modify_yaml  # what `dvc exp run -S` rewrites params.yaml with
+
+    set_params(params, {"prepare.files.chat_template": "off"})
+    assert 'chat_template: "off"' in params.read_text()
+    assert load_params(params).prepare.files.chat_template == "off"
+    with modify_yaml(params) as data:  # `dvc exp run -S train.lr=1e-3`: YAML 1.2, the quotes go
+        data["train"]["lr"] = 1e-3
+    assert "chat_template: off" in params.read_text()
+    loaded = load_params(params)
+    assert loaded.prepare.files.chat_template == "off" and loaded.train.lr == 1e-3
