@@ -9,6 +9,7 @@ by several stages live in exactly one place (the sampling temperature in ``gener
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import types
 import typing
@@ -475,7 +476,10 @@ def _build(cls: type, data: Any, where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown key(s) {[f'{where}.{k}'.lstrip('.') for k in unknown]}; valid keys: {sorted(fields)}")
+        guesses = {k: difflib.get_close_matches(str(k), list(fields), n=1) for k in unknown}
+        meant = [f"{f'{where}.{k}'.lstrip('.')} -> {g[0]}" for k, g in guesses.items() if g]
+        raise ConfigError(f"unknown key(s) {[f'{where}.{k}'.lstrip('.') for k in unknown]}; valid keys: {sorted(fields)}"
+                          + (f"; did you mean: {', '.join(meant)}?" if meant else ""))
     kwargs = {}
     for name, f in fields.items():
         key = f"{where}.{name}" if where else name

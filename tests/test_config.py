@@ -92,13 +92,13 @@ def test_unknown_top_level_key(tmp_path, data):
     path = dump(tmp_path, data)
     msg = config_error(path)
     assert msg.startswith(f"{path}: unknown key(s) ['seedd']; valid keys: ['advantage', 'critic', 'evaluate', ")
-    assert "'seed'" in msg and "'torch_threads'" in msg
+    assert "'seed'" in msg and "'torch_threads'" in msg and msg.endswith("did you mean: seedd -> seed?")
 
 
 def test_unknown_nested_key_names_the_dotted_key_and_lists_valid_keys(tmp_path, data):
     data["train"]["lrr"] = 1e-4
     msg = config_error(dump(tmp_path, data))
-    assert "unknown key(s) ['train.lrr']" in msg
+    assert "unknown key(s) ['train.lrr']" in msg and "did you mean: train.lrr -> lr?" in msg
     assert "valid keys: ['adam_beta1', 'adam_beta2', 'checkpoint_every_s', 'checkpoint_every_steps', 'checkpoint_fsync', " in msg
     assert "'lr'" in msg and "'micro_batch_size'" in msg
 
