@@ -402,6 +402,9 @@ def add(root: str | os.PathLike, path: str, *, linked_from: str | None = None) -
     with chdir(root):  # DVC resolves stage working directories against the cwd
         try:
             with Repo(str(root)) as repo:
+                # `rlpipe iterate` commits the .dvc file itself: no "To track the changes with git, run: ..."
+                if hasattr(repo, "scm_context") and hasattr(repo.scm_context, "quiet"):
+                    repo.scm_context.quiet = True
                 if linked_from is None:
                     repo.add(path)
                 else:

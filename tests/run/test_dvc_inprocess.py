@@ -380,3 +380,24 @@ def test_data_a_piece_could_render_differently_is_emitted_whole(tmp_path):
     dvc_alone = _lock_writes(tmp_path, "dvc", edits, by_stage=False)
     assert b"&id001" in dvc_alone[0]
     assert _lock_writes(tmp_path, "rlpipe", edits, by_stage=True) == dvc_alone
+
+
+def test_adding_in_a_git_repo_prints_no_git_hint(tmp_path, capsys, caplog):
+    """`rlpipe iterate` commits the .dvc file it adds: DVC's "To track the changes with git, run" is noise."""
+    import logging
+    import subprocess
+    import sys
+
+    from rlpipe.run import dvc
+
+    root = tmp_path / "p"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=root, check=True)
+    (root / "state" / "policy").mkdir(parents=True)
+    (root / "state/policy/weights.bin").write_bytes(b"w" * 1000)
+    with caplog.at_level(logging.INFO):
+        dvc.add(root, "state/policy")
+    out = capsys.readouterr()
+    assert (root / "state/policy.dvc").is_file()
+    assert "To track the changes with git" not in out.out + out.err + caplog.text
