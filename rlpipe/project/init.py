@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import yaml
+
 from rlpipe.config import UNSET_OPTION, load_params
 from rlpipe.data.io import atomic_path
 from rlpipe.errors import ConfigError
@@ -100,6 +102,10 @@ def _fill(root: Path, template: Path, *, model, train, eval_, rewards, prompt_co
     user_rewards = tuple(sources.import_reward(name, root, columns=tables["train"].columns, source_dir=reward_source)
                          for name in rewards)
     reward_files = sorted({f for r in user_rewards for f in r.files})
+    per_iteration = yaml.safe_load((template / "params.yaml").read_text())["generate"]["prompts_per_iteration"]
+    if "generate.prompts_per_iteration" not in settings and tables["train"].height < per_iteration:
+        # every prompt, every iteration: said here once instead of by generate at every iteration
+        settings = {**settings, "generate.prompts_per_iteration": tables["train"].height}
     shutil.copytree(template / "stages", root / "stages", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (root / "dvc.yaml").write_text(pipeline.project_dvc_yaml((template / "dvc.yaml").read_text(),
                                                              reward_files=reward_files))

@@ -245,3 +245,10 @@ def test_refresh_stages_refuses_a_directory_that_is_no_project(tmp_path):
 def test_every_chat_template_choice_is_written_as_itself(inputs, tmp_path, choice):
     make(inputs, tmp_path / "p", chat_template=choice)  # `off` used to be refused: read back as YAML's False
     assert load_params(tmp_path / "p" / "params.yaml").prepare.files.chat_template == choice
+
+
+def test_a_prompt_file_smaller_than_an_iteration_sets_prompts_per_iteration(inputs, tmp_path):
+    make(inputs, tmp_path / "p")  # 5 prompts: every one, every iteration, without a warning each time
+    assert load_params(tmp_path / "p" / "params.yaml").generate.prompts_per_iteration == 5
+    make(inputs, tmp_path / "q", settings={"generate.prompts_per_iteration": 64})  # a choice of the user's stands
+    assert load_params(tmp_path / "q" / "params.yaml").generate.prompts_per_iteration == 64
