@@ -74,10 +74,22 @@ def init(directory: str = typer.Argument(..., help="the new project's directory 
         _fail(e)
     typer.echo(f"wrote {report.root}: {report.num_train} train and {report.num_eval} eval prompts, "
                "model in models/base, git and DVC initialised")
+    typer.echo(_offline_plots(report.root))
     if report.unset_options:
         typer.echo("next: fill in your reward's options in params.yaml (score.rewards, marked FILL_IN): "
                    + "; ".join(report.unset_options))
     typer.echo(f"then: cd {report.root} && dvc repro   (one iteration; then `rlpipe iterate`, or `rlpipe run -n N`)")
+
+
+def _offline_plots(root) -> str:
+    """Set a new project's `dvc plots show` pages up to draw with no network (the Vega libraries inline)."""
+    from rlpipe.reports.plots import setup_offline_plots
+
+    try:
+        setup_offline_plots(root)
+    except (RlpipeError, ImportError) as e:
+        return f"plots: `dvc plots show` will load Vega from a CDN ({e}); `rlpipe plots setup` makes it offline"
+    return "plots: `dvc plots show` draws offline (the Vega libraries are in .rlpipe/; `rlpipe plots setup` redoes it)"
 
 
 @app.command("refresh-stages")

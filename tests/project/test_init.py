@@ -171,6 +171,8 @@ def test_cli_init_and_version(inputs, tmp_path, monkeypatch):
                                       "--set", "iterate.trackers=[dvclive]"])
     assert result.exit_code == 0, result.output
     assert "myrewards:brevity: target_tokens" in result.output and "dvc repro" in result.output
+    assert "plots: `dvc plots show` draws offline" in result.output  # the Vega libraries inline, no CDN
+    assert "html_template = ../.rlpipe/dvc-plots/offline-template.html" in (tmp_path / "p" / ".dvc/config.local").read_text()
     raw = yaml.safe_load((tmp_path / "p" / "params.yaml").read_text())
     assert raw["generate"]["group_size"] == 3 and raw["iterate"]["trackers"] == ["dvclive"]
     version = CliRunner().invoke(app, ["--version"])
