@@ -65,11 +65,7 @@ def as_bool_mask(mask_BT, shape: tuple[int, ...] | None = None) -> np.ndarray:
         raise ValueError(f"mask_BT must be 2-D [B, T], got shape {m.shape}")
     if shape is not None and m.shape != tuple(shape):
         raise ValueError(f"mask_BT has shape {m.shape}, expected {tuple(shape)}")
-    if m.dtype != np.bool_:
-        if not np.all((m == 0) | (m == 1)):
-            raise ValueError("a numeric mask_BT must hold only 0 and 1")
-        m = m.astype(bool)
-    return m
+    return ragged.check_mask(m.reshape(-1), m.size).reshape(m.shape)
 
 
 def _tokens(x_BT, name: str, mask_BT: np.ndarray) -> np.ndarray:
@@ -77,10 +73,7 @@ def _tokens(x_BT, name: str, mask_BT: np.ndarray) -> np.ndarray:
     x = np.asarray(x_BT, dtype=np.float64)
     if x.shape != mask_BT.shape:
         raise ValueError(f"{name} has shape {x.shape}, mask_BT has {mask_BT.shape}")
-    x = np.where(mask_BT, x, 0.0)
-    if not np.all(np.isfinite(x)):
-        raise ValueError(f"{name} contains NaN or inf at valid tokens")
-    return x
+    return ragged.valid_tokens(x, name, mask_BT)
 
 
 # --------------------------------------------------------------------------------------------
