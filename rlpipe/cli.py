@@ -113,12 +113,15 @@ def iterate(params: str = typer.Option("params.yaml", help="params file"),
             commit: bool = typer.Option(True, help="commit (and tag) each finished iteration to git"),
             allow_experiment: bool = typer.Option(False, "--allow-experiment",
                                                   help="record the workspace even when it holds an experiment "
-                                                       "applied with `dvc exp apply`")) -> None:
+                                                       "applied with `dvc exp apply`"),
+            push: Optional[bool] = typer.Option(None, "--push/--no-push",
+                                                help="`dvc push` the recorded iteration (default: iterate.push, "
+                                                     "auto = when the project has a default DVC remote)")) -> None:
     """Finish the current iteration and make the trained policy the next iteration's sampler."""
     from rlpipe.run.iterate import advance
 
     try:
-        row = advance(".", params_file=params, commit=commit, allow_experiment=allow_experiment)
+        row = advance(".", params_file=params, commit=commit, allow_experiment=allow_experiment, push=push)
     except RlpipeError as e:
         _fail(e)
     k = row["iteration"]
@@ -126,7 +129,7 @@ def iterate(params: str = typer.Option("params.yaml", help="params file"),
                f"train reward {_num(row['train_reward_mean'])}; params now at iteration {k + 1}")
     tagged = f"committed and tagged iteration-{k}; " if commit else ""
     typer.echo(f"{tagged}next: `dvc repro` (iteration {k + 1}), `rlpipe run -n N` (N more), "
-               f"`rlpipe inspect . --rev {k} --show 4`, `dvc metrics show`; `dvc push` if you set a remote")
+               f"`rlpipe inspect . --rev {k} --show 4`, `dvc metrics show`")
 
 
 def _num(x: float | None) -> str:
@@ -150,7 +153,10 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
         max_staleness: Optional[int] = typer.Option(None, "--max-staleness", min=0,
                                                     help="sample iteration k+1 while k trains, with a policy up to "
                                                          "S versions old (sets policy.max_staleness; 0 = synchronous; "
-                                                         "docs/overlap.md)")) -> None:
+                                                         "docs/overlap.md)"),
+        push: Optional[bool] = typer.Option(None, "--push/--no-push",
+                                            help="`dvc push` each recorded iteration (default: iterate.push, auto = "
+                                                 "when the project has a default DVC remote)")) -> None:
     """Run iterations back to back: `dvc repro` then `rlpipe iterate`, until the target.
 
     `-n N` trains N new iterations: one that a plain `dvc repro` already trained is recorded first
@@ -181,7 +187,7 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
                            f"then {iterations} new iteration(s)")
                 until += 1
         run_iterations(".", until=until, params_file=params, commit=commit, servers=servers,
-                       max_staleness=max_staleness, on_iteration=report)
+                       max_staleness=max_staleness, on_iteration=report, push=push)
     except RlpipeError as e:
         _fail(e)
 

@@ -364,6 +364,9 @@ class IterateConfig:
     keep_checkpoints: int  # K: keep the DVC-cached checkpoints of the last K iterations, prune older ones; 0 = keep all
     # where each finished iteration's numbers also go (rlpipe/tracking): any of dvclive, tensorboard, wandb, mlflow
     trackers: tuple[Literal["dvclive", "tensorboard", "wandb", "mlflow"], ...] = ()  # () for older params files
+    # after each iteration, `dvc push` its outputs and state to the default DVC remote, so that every tag restores
+    # in a fresh clone; auto = when the project has a default remote
+    push: bool | Literal["auto"] = "auto"
 
 
 @dataclass(frozen=True)

@@ -385,6 +385,18 @@ def status(root: str | os.PathLike) -> dict[str, Any]:
             raise RlpipeError(f"`dvc status` failed: {e}") from None
 
 
+def default_remote(root: str | os.PathLike) -> str | None:
+    """The name of the project's default DVC remote (``core.remote``, from .dvc/config or config.local), or None."""
+    proc = subprocess.run(["dvc", "config", "core.remote"], cwd=Path(root), capture_output=True, text=True)
+    name = proc.stdout.strip()
+    return name if proc.returncode == 0 and name else None
+
+
+def push(root: str | os.PathLike) -> None:
+    """``dvc push``: the workspace's outputs and tracked state to the default remote (what is there is skipped)."""
+    _cli(["push", "-q"], Path(root).resolve(), capture=True)
+
+
 def add(root: str | os.PathLike, path: str, *, linked_from: str | None = None) -> None:
     """``dvc add path`` (track a directory such as state/policy in the DVC cache, with a .dvc file for git).
 

@@ -198,13 +198,15 @@ def _prune(root: Path, params: Params, params_file: str) -> None:
 
 
 def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit: bool = True,
-            just_reproduced: bool = False, allow_experiment: bool = False) -> dict[str, Any]:
+            just_reproduced: bool = False, allow_experiment: bool = False, push: bool | None = None
+            ) -> dict[str, Any]:
     """Finish iteration k and set up k+1 (see module docstring); returns the history row of k.
 
     Safe to call again after it was killed at any point: it finishes what is left.
     ``just_reproduced``: the caller's ``dvc repro`` of this iteration has just succeeded (`rlpipe run`),
     so the ``dvc status`` check that the pipeline is up to date is skipped. ``allow_experiment``:
-    record the workspace even when it holds an experiment applied with ``dvc exp apply``.
+    record the workspace even when it holds an experiment applied with ``dvc exp apply``. ``push``: `dvc push`
+    once recorded (None: ``iterate.push`` decides; `push_iteration`).
     """
     root = Path(root)
     if commit:
@@ -258,8 +260,29 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
     set_params(root / params_file, updates)
     if commit:
         _commit(root, f"rlpipe: start iteration {k + 1}", params, tag=None)
+        push_iteration(root, params.iterate.push if push is None else push)
         _prune(root, params, params_file)
     return row
+
+
+def push_iteration(root: Path, setting: bool | str) -> bool:
+    """`dvc push` the iteration just recorded (its outputs, and state/ for the next one) when ``setting`` asks;
+    returns whether it pushed.
+
+    Why every iteration: `dvc push` sends the workspace's outputs only, so a remote filled once at the end
+    holds the last iteration and no tag before it restores (`dvc push --all-tags` would, re-reading every
+    tag). Pushed as each one is recorded, every tag restores: git clone, git checkout iteration-K, dvc pull.
+    Before the pruning of old checkpoints (iterate.keep_checkpoints), which drops them from the cache only.
+    """
+    if setting is False:
+        return False
+    if dvc.default_remote(root) is None:
+        if setting == "auto":
+            return False
+        raise RlpipeError("iterate.push: true, but the project has no default DVC remote; add one "
+                          "(`dvc remote add -d NAME URL`) or set iterate.push: auto")
+    dvc.push(root)
+    return True
 
 
 def _next_sampler(root: Path, params: Params, ckpt: Path) -> dict[str, Any]:

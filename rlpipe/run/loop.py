@@ -30,10 +30,12 @@ from rlpipe.run.params_file import set_params
 
 def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "params.yaml", commit: bool = True,
                    servers: bool = True, max_staleness: int | None = None,
-                   on_iteration: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+                   on_iteration: Callable[[dict[str, Any]], None] | None = None,
+                   push: bool | None = None) -> list[dict[str, Any]]:
     """Run iterations until params.yaml says iteration ``until``; returns their history rows.
 
     ``max_staleness``: sets ``policy.max_staleness`` in params.yaml first (None: keep what it says).
+    ``push``: `dvc push` each recorded iteration (None: ``iterate.push`` decides).
     """
     from rlpipe.run.ahead import Prefetch
     from rlpipe.run.servers import RunServers, environment
@@ -74,7 +76,8 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
                             _repro(root, params.iteration, until, None, clock.dvc)
                         reproduced = True
                     with clock("advance"):
-                        row = advance(root, params_file=params_file, commit=commit, just_reproduced=reproduced)
+                        row = advance(root, params_file=params_file, commit=commit, just_reproduced=reproduced,
+                                      push=push)
                     # for on_iteration (benchmarks); not in the history
                     row = {**row, "run_seconds": clock.seconds, "dvc_seconds": clock.dvc_seconds()}
                     rows.append(row)

@@ -7,6 +7,7 @@ defined the iteration -> iteration 0 restores in a second clone from a DVC remot
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -55,18 +56,24 @@ def test_newcomer_init_repro_iterate_restore(tmp_path):
     committed = run(["git", "show", "--name-only", "--format=", "iteration-0"], root).stdout.split()
     assert {"dvc.lock", "params.yaml", ".dvc/config", "artifacts/score/.gitignore",
             "dvclive/iterations/metrics.json"} <= set(committed)  # iterate.trackers: [dvclive]
-    run(["dvc", "push"], root)
-
-    clone = tmp_path / "clone"
-    run(["git", "clone", "-q", str(root), str(clone)], tmp_path)
-    run(["git", "checkout", "-q", "iteration-0"], clone)
-    run(["dvc", "pull"], clone)
-    status = run(["dvc", "status"], clone).stdout
-    assert "up to date" in status, status
-    assert "partial_credit: 0.5" in (clone / "params.yaml").read_text()
+    # no `dvc push` by hand: iterate pushed the recorded iteration to the default remote (iterate.push: auto)
+    assert restores(tmp_path / "clone", root, "iteration-0")
+    assert "partial_credit: 0.5" in (tmp_path / "clone" / "params.yaml").read_text()
 
     # a plain `dvc repro` of iteration 1, then `rlpipe run -n 1`: iteration 1 is recorded, one *new* one trained
     run(["dvc", "repro"], root)
     ran = run(["rlpipe", "run", "-n", "1", "--no-servers"], root)
     assert "already reproduced" in ran.stdout
     assert run(["git", "tag", "--list", "iteration-*"], root).stdout.split() == [f"iteration-{k}" for k in range(3)]
+    for k in range(3):  # every tag restores in a fresh clone, each pushed as it was recorded
+        assert restores(tmp_path / f"clone-{k}", root, f"iteration-{k}")
+
+
+def restores(clone: Path, origin: Path, tag: str) -> bool:
+    """A fresh clone at ``tag`` pulls every output its dvc.lock names from the remote, and DVC finds it complete."""
+    run(["git", "clone", "-q", str(origin), str(clone)], clone.parent)
+    run(["git", "checkout", "-q", tag], clone)
+    run(["dvc", "pull", "-q"], clone)
+    status = run(["dvc", "status"], clone).stdout
+    assert "up to date" in status, f"{tag}: {status}"
+    return True

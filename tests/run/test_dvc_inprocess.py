@@ -401,3 +401,32 @@ def test_adding_in_a_git_repo_prints_no_git_hint(tmp_path, capsys, caplog):
     out = capsys.readouterr()
     assert (root / "state/policy.dvc").is_file()
     assert "To track the changes with git" not in out.out + out.err + caplog.text
+
+
+def test_push_iteration_pushes_to_the_default_remote_when_there_is_one(tmp_path):
+    import subprocess
+    import sys
+
+    import pytest
+
+    from rlpipe.errors import RlpipeError
+    from rlpipe.run import dvc
+    from rlpipe.run.iterate import push_iteration
+
+    root = tmp_path / "p"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=root, check=True)
+    (root / "state" / "policy").mkdir(parents=True)
+    (root / "state/policy/weights.bin").write_bytes(b"w" * 1000)
+    dvc.add(root, "state/policy")
+    assert dvc.default_remote(root) is None
+    assert push_iteration(root, "auto") is False and push_iteration(root, False) is False
+    with pytest.raises(RlpipeError, match="iterate.push: true, but the project has no default DVC remote"):
+        push_iteration(root, True)
+    remote = tmp_path / "remote"
+    subprocess.run([sys.executable, "-m", "dvc", "remote", "add", "-d", "store", str(remote)], cwd=root, check=True)
+    assert dvc.default_remote(root) == "store"
+    assert push_iteration(root, False) is False and not remote.exists()
+    assert push_iteration(root, "auto") is True
+    assert len([f for f in remote.rglob("*") if f.is_file()]) == 2  # the file and the directory's .dir listing
