@@ -72,6 +72,11 @@ def load_tokenizer(path: str | Path) -> Any:
         tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     except (OSError, ValueError) as e:
         raise ArtifactError(f"{p}: could not load a tokenizer: {e}") from None
+    if not tok("a b c 1 2 3", add_special_tokens=False)["input_ids"]:
+        # transformers builds an empty tokenizer for a model directory without tokenizer files: every prompt
+        # would become no token, found only at generate ("prompt_token_ids must not be empty")
+        raise ArtifactError(f"{p}: holds no usable tokenizer (text encodes to no token: no tokenizer.json or "
+                            "vocabulary files there); save it with the model: tokenizer.save_pretrained(DIR)")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token  # a common gap in base models; padding is masked everywhere anyway
     return tok

@@ -87,6 +87,9 @@ def copy_model(src: str | Path, dest: Path) -> Path:
     if not (src / "config.json").is_file():
         raise ConfigError(f"{src}: not a Hugging Face model directory (no config.json); rlpipe never downloads "
                           "models: pass the directory `save_pretrained` wrote")
+    from rlpipe.models.loading import load_tokenizer
+
+    load_tokenizer(src)  # refused here, naming the directory, rather than at generate after prepare cached it
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".git", "__pycache__", ".cache"))
     return dest
 

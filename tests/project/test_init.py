@@ -16,9 +16,10 @@ import pytest
 import yaml
 
 from rlpipe.config import UNSET_OPTION, load_params
-from rlpipe.errors import ConfigError
+from rlpipe.errors import ArtifactError, ConfigError
 from rlpipe.project.init import MODEL_DIR, init_project
 from rlpipe.project.pipeline import MODEL_KEYS
+from rlpipe.tiny.tokenizer import build_char_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,7 +37,8 @@ def trl_match(prompts, completions, answer, *, bonus=1.0, **kwargs):
 def inputs(tmp_path):
     model = tmp_path / "in" / "model"
     model.mkdir(parents=True)
-    (model / "config.json").write_text("{}")  # init copies the directory; it loads nothing from it
+    (model / "config.json").write_text("{}")  # init copies the directory; it loads only the tokenizer from it
+    build_char_tokenizer("abcdefghijklmnopqrstuvwxyz0123456789 ").save_pretrained(model)
     rows = [{"question": f"q{i}", "solution": str(i), "level": i % 3} for i in range(5)]
     pl.DataFrame(rows).write_ndjson(tmp_path / "in" / "train.jsonl")
     pl.DataFrame(rows[:2]).write_parquet(tmp_path / "in" / "eval.parquet")
@@ -254,3 +256,12 @@ def test_a_prompt_file_smaller_than_an_iteration_sets_prompts_per_iteration(inpu
     assert load_params(tmp_path / "p" / "params.yaml").generate.prompts_per_iteration == 5
     make(inputs, tmp_path / "q", settings={"generate.prompts_per_iteration": 64})  # a choice of the user's stands
     assert load_params(tmp_path / "q" / "params.yaml").generate.prompts_per_iteration == 64
+
+
+def test_a_model_directory_without_a_tokenizer_is_refused_naming_it(inputs, tmp_path):
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (inputs / "model" / name).unlink(missing_ok=True)
+    (inputs / "model" / "config.json").write_text('{"model_type": "qwen2"}')  # transformers builds an empty one
+    with pytest.raises(ArtifactError, match=r"model: holds no usable tokenizer .*tokenizer.save_pretrained"):
+        make(inputs, tmp_path / "p")
+    assert not (tmp_path / "p").exists()
