@@ -21,7 +21,9 @@ import math
 import numbers
 import os
 import sys
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from rlpipe.data.schema import SCORES, component_column
@@ -202,6 +204,33 @@ def is_batch_reward(fn: Callable[..., object]) -> bool:
     (True, False)
     """
     return getattr(fn, "batch_reward", False) is True
+
+
+def user_code_line(exc: BaseException) -> str | None:
+    """``file:line`` of the deepest frame of ``exc``'s traceback outside rlpipe: where the user's reward raised.
+
+    Why: "ValueError: substring not found" says nothing about which of a user's functions failed;
+    the line in their own file does.
+    """
+    package = Path(__file__).resolve().parents[1]
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    for frame in reversed(frames):
+        path = Path(frame.filename)
+        if path.is_absolute() and package not in path.resolve().parents and "site-packages" not in path.parts:
+            return f"{path}:{frame.lineno}"
+    return None
+
+
+def reward_error_text(exc: BaseException, limit: int = 500) -> str:
+    """``Kind: message (in reward 'name', at file:line)``, at most ``limit`` characters (the message is cut, the
+    reward and the line are kept): what the score table's ``score_error`` holds for a row a reward raised on."""
+    named = next((note[len("raised by "):] for note in getattr(exc, "__notes__", ()) if note.startswith("raised by ")),
+                 None)
+    where = user_code_line(exc)
+    parts = [f"in {named}" if named else "", f"at {where}" if where else ""]
+    context = f" ({', '.join(part for part in parts if part)})" if any(parts) else ""
+    head = f"{type(exc).__name__}: {exc}"
+    return head[:max(limit - len(context), 0)] + context
 
 
 def batch_values(

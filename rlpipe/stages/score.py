@@ -41,7 +41,7 @@ from rlpipe.errors import ArtifactError, ConfigError, InfrastructureError, Rlpip
 from rlpipe.rewards.base import Sample
 from rlpipe.rewards.functions import REWARD_FUNCTIONS
 from rlpipe.rewards.registry import (RewardSpec, batch_values, component_columns, is_batch_reward, prepare_rewards,
-                                     score_sample_details)
+                                     reward_error_text, score_sample_details, user_code_line)
 
 
 def reward_specs(entries: tuple[RewardEntry, ...]) -> list[RewardSpec]:
@@ -125,7 +125,7 @@ class _Tally:
             self.errors_by_kind[kind] = self.errors_by_kind.get(kind, 0) + 1
             out["reward"].append(cfg.fallback_reward)
             out["correct"].append(None)
-            out["score_error"].append(f"{kind}: {result}"[:500])
+            out["score_error"].append(reward_error_text(result))
             for col in self.columns.values():
                 out[col].append(None)
             return
@@ -208,10 +208,28 @@ def _batch_rewards(rows: pl.DataFrame, specs: list[RewardSpec], fns: Any) -> dic
             out[spec.name] = batch_values(samples, spec, fns[spec.name])
         except RlpipeError:
             raise  # names the file or setting at fault already
-        except Exception as e:  # noqa: BLE001 - user code; the message names the reward
+        except Exception as e:  # noqa: BLE001 - user code; the message names the reward and its line
+            where = user_code_line(e)
             raise ScoringError(f"batch reward {spec.name!r} failed on the whole batch of {len(samples)} rows: "
-                               f"{type(e).__name__}: {e}") from e
+                               f"{type(e).__name__}: {e}{f' (at {where})' if where else ''}"
+                               f"{_first_failing_row(rows, samples, spec, fns[spec.name])}") from e
     return out
+
+
+FAILING_ROW_SEARCH = 256  # rows a failed batch reward is tried on alone, to name the first one it fails on
+
+
+def _first_failing_row(rows: pl.DataFrame, samples: list[Sample], spec: RewardSpec, fn: Any) -> str:
+    """"; first failing row: prompt_id P, sample_idx S, completion '...'" for the first of the first
+    FAILING_ROW_SEARCH rows the reward raises on alone, else "" (it fails only on the batch, or later)."""
+    for i, sample in enumerate(samples[:FAILING_ROW_SEARCH]):
+        try:
+            fn([sample], **spec.options)
+        except Exception:  # noqa: BLE001 - the reward's own error: what this search looks for
+            excerpt = sample.completion if len(sample.completion) <= 80 else sample.completion[:77] + "..."
+            return (f"; first failing row: prompt_id {rows['prompt_id'][i]}, sample_idx {rows['sample_idx'][i]}, "
+                    f"completion {excerpt!r}")
+    return ""
 
 
 def _score_row(item: tuple[int, dict[str, Any]], specs: list[RewardSpec], fns: Any, timeout_s: float | None,

@@ -70,3 +70,40 @@ def test_doctests_pass():
 
     result = doctest.testmod(trl_style)
     assert result.attempted > 0 and result.failed == 0
+
+
+RAISING = '''
+def first_letter(completions, solution, **kwargs):
+    return [1.0 if c.index("5") == 0 else 0.0 for c in completions]   # line 3: "2" has no "5"
+
+def per_row(sample, **options):
+    return float("abc".index(sample.completion))   # line 6
+'''
+
+
+@pytest.fixture
+def raising_module(tmp_path, monkeypatch):
+    (tmp_path / "raising_rewards.py").write_text(RAISING)
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path / "raising_rewards.py"
+    sys.modules.pop("raising_rewards", None)
+
+
+def test_a_raising_batch_reward_names_its_line_and_the_first_row_it_fails_on(raising_module):
+    from rlpipe.errors import ScoringError
+
+    with pytest.raises(ScoringError) as exc:
+        score_rows(rows(), config(RewardEntry("raising_rewards:first_letter", 1.0, {})))
+    message = str(exc.value)
+    assert "batch reward 'raising_rewards:first_letter' failed on the whole batch of 2 rows: ValueError" in message
+    assert f"(at {raising_module}:3)" in message
+    assert message.endswith("; first failing row: prompt_id 0, sample_idx 0, completion '2'")
+
+
+def test_a_row_error_names_the_reward_and_the_users_line(raising_module):
+    entry = RewardEntry("raising_rewards:per_row", 1.0, {})
+    frame, metrics = score_rows(rows(), ScoreConfig(rewards=(entry,), accuracy_reward=entry.name, fallback_reward=0.0,
+                                                    max_error_fraction=1.0, workers=1, row_timeout_s=None))
+    assert frame["score_error"].to_list() == [
+        f"ValueError: substring not found (in reward 'raising_rewards:per_row', at {raising_module}:6)"] * 2
+    assert metrics["errors_by_kind"] == {"ValueError": 2}
