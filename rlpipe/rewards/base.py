@@ -23,8 +23,10 @@ class Sample:
     metadata: dict  # extra per-prompt fields (parsed JSON); {} when there are none
     completion_tokens: int  # number of generated tokens
     truncated: bool  # hit max_new_tokens without emitting EOS
-    prompt_token_ids: Sequence[int] | None = None  # tokens the sampler conditioned on; None where not known
-    completion_token_ids: Sequence[int] | None = None  # generated tokens, EOS included; None where not known
+    # token ids: read-only sequences of ints (the score stage hands views of the table's columns: `list(ids)`
+    # makes a list); None where not known, or where no configured reward can read them (built-ins only)
+    prompt_token_ids: Sequence[int] | None = None  # tokens the sampler conditioned on
+    completion_token_ids: Sequence[int] | None = None  # generated tokens, EOS included
     # Multi-turn rollouts (docs/multi-turn.md); None for single-turn ones.
     turns: Sequence[str] | None = None  # every model turn's text, the last being `completion`
     tool_calls: Sequence[dict] | None = None  # {turn, name, arguments, status, result} per tool call
