@@ -266,9 +266,16 @@ def _length_histogram(lengths: pl.Series, max_bins: int = 16) -> list[dict[str, 
         return []
     lo, hi = int(lengths.min()), int(lengths.max())
     width = max(1, math.ceil((hi - lo + 1) / max_bins))
-    binned = ((lengths - lo) // width).value_counts().sort(lengths.name)
-    return [{"from": lo + int(b) * width, "to": lo + int(b) * width + width - 1, "count": int(c)}
-            for b, c in binned.iter_rows()]
+    counts = dict(((lengths - lo) // width).value_counts().iter_rows())
+    # every bin from the shortest to the longest, the empty ones too: a gap in the lengths is information
+    return [{"from": lo + b * width, "to": lo + b * width + width - 1, "count": int(counts.get(b, 0))}
+            for b in range((hi - lo) // width + 1)]
+
+
+def k3_mean(log_ratio: pl.Series) -> float | None:
+    """Mean of the k3 KL estimate `exp(-r) + r - 1` over the tokens: >= 0 per token, so never shown negative
+    (near r = 0 the float formula rounds to -1e-17 and the like)."""
+    return _num(((-log_ratio).exp() + log_ratio - 1).clip(lower_bound=0.0).mean())
 
 
 def _flat(frame: pl.DataFrame, column: str) -> pl.Series:
@@ -338,7 +345,7 @@ def summarize(loaded: Loaded, frame: pl.DataFrame, *, total_rows: int, warnings:
         out["logprob_mismatch"] = {"mean_abs": _num(diff.mean()), "max_abs": _num(diff.max()), "tokens": diff.len()}
     if "ref_log_ratio" in cols:
         r = _flat(frame, "ref_log_ratio")  # log pi_sampler - log pi_ref, on tokens sampled from pi_sampler
-        out["kl_ref"] = {"k1": _num(r.mean()), "k3": _num(((-r).exp() + r - 1).mean()), "tokens": r.len()}
+        out["kl_ref"] = {"k1": _num(r.mean()), "k3": k3_mean(r), "tokens": r.len()}
     if "entropy" in cols:
         out["entropy_mean"] = _num(_flat(frame, "entropy").mean())
     if "log_ratio" in cols:

@@ -238,3 +238,20 @@ def test_rev_reads_the_artifacts_committed_at_a_revision(tmp_path):
         inspect_data(root, rev="iteration-9")
     with pytest.raises(ArtifactError, match="give the project directory, not a file"):
         inspect_data(root / PATHS["rollouts"], rev="iteration-0")
+
+
+def test_length_histogram_keeps_empty_bins_and_k3_is_never_negative():
+    import math
+
+    import polars as pl
+
+    from rlpipe.reports.inspect import _length_histogram, k3_mean  # noqa: PLC2701 - the one place that bins
+
+    bins = _length_histogram(pl.Series("completion_length", [1, 1, 2, 9, 10]), max_bins=5)
+    assert bins == [{"from": 1, "to": 2, "count": 3}, {"from": 3, "to": 4, "count": 0},
+                    {"from": 5, "to": 6, "count": 0}, {"from": 7, "to": 8, "count": 0},
+                    {"from": 9, "to": 10, "count": 2}]
+    r = pl.Series([1e-9, -2e-9, 3e-10, 7e-9])  # exp(-r) + r - 1 rounds to tiny negatives here
+    assert ((-r).exp() + r - 1).mean() < 0.0  # the formula as written
+    assert k3_mean(r) == 0.0
+    assert math.isclose(k3_mean(pl.Series([0.5])), math.exp(-0.5) + 0.5 - 1)
