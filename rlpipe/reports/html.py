@@ -38,7 +38,8 @@ table.columns td { font-family: ui-monospace, monospace; font-size: 0.95em; }
 .sample { margin-top: 0.6em; }
 .meta { font-size: 0.95em; }
 .completion { font-family: ui-monospace, monospace; font-size: 1.05em; line-height: 1.9; }
-.tok { white-space: pre; color: #000; padding: 1px 0; border-right: 1px solid rgba(0,0,0,0.08); }
+.tok { white-space: pre-wrap; overflow-wrap: anywhere; color: #000; padding: 1px 0;
+       border-right: 1px solid rgba(0,0,0,0.08); }
 .tok:hover { outline: 2px solid #333; }
 .scroll { overflow-x: auto; }
 details.per-token summary { cursor: pointer; color: #1a5e8a; font-size: 0.9em; }
@@ -111,6 +112,8 @@ def completion_html(cells: list[render.TokenCell]) -> str:
     for cell in cells:
         style = f" style=\"background:{cell.colour}\"" if cell.colour else ""
         spans.append(f"<span class=\"tok\"{style} title=\"{esc(cell.tooltip())}\">{esc(cell.text)}</span>")
+        # a newline token is drawn as ⏎ and also breaks the line: code and reasoning keep their structure
+        spans.append("<br>" * cell.text.count("⏎"))
     return f"<div class=\"completion\">{''.join(spans)}</div>"
 
 

@@ -62,3 +62,24 @@ def test_diff_page_colours_better_and_worse(pages, tmp_path):
     shot = browser.colour_counts(browser.screenshot(pages["diff"], tmp_path / "diff.png"))
     assert browser.near(shot, RED, tol=40) > 100 and browser.near(shot, GREEN, tol=40) > 20  # the legend's word
     assert browser.ink_fraction(shot) > 0.01
+
+
+def test_a_long_multi_line_completion_wraps_and_keeps_its_lines(tmp_path):
+    """Three lines of 150 tokens each, in an 800-px window: each newline breaks the line and each line wraps,
+    so the token colour stands in many rows of text, not in one line thousands of pixels wide."""
+    from PIL import Image
+
+    from rlpipe.reports import html
+    from rlpipe.reports.render import TokenCell
+
+    pieces = ([f"w{i} " for i in range(150)] + ["\n"]) * 3
+    cells = [TokenCell(position=i, text=visible_text, token_id=i, colour="#ff0000", values={})
+             for i, visible_text in enumerate(p.replace("\n", "⏎") for p in pieces)]
+    page = tmp_path / "long.html"
+    page.write_text(html.page("long", html.completion_html(cells)))
+    with Image.open(browser.screenshot(page, tmp_path / "long.png", width=800, height=1200)) as im:
+        rgb = im.convert("RGB")
+        red_rows = [y for y in range(rgb.height)
+                    if any(rgb.getpixel((x, y)) == (255, 0, 0) for x in range(0, rgb.width, 4))]
+    bands = 1 + sum(1 for a, b in zip(red_rows, red_rows[1:]) if b > a + 1)  # runs of rows with red in them
+    assert bands >= 9, bands  # 3 lines of ~1,000 px of tokens each wrap to >= 2 rows, +1 for each ⏎ row
