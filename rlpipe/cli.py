@@ -138,7 +138,11 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
         max_staleness: Optional[int] = typer.Option(None, "--max-staleness", min=0,
                                                     help="sample iteration k+1 while k trains, with a policy up to "
                                                          "S versions old (sets policy.max_staleness; 0 = synchronous; "
-                                                         "docs/overlap.md)")) -> None:
+                                                         "docs/overlap.md)"),
+        cluster: Optional[str] = typer.Option(None, "--cluster",
+                                              help="run the stages on a Ray cluster: ray (RAY_ADDRESS, else the "
+                                                   "one started here), HOST:6379, ray://HOST:10001, or off; "
+                                                   "default: params.yaml's cluster.address (docs/cluster.md)")) -> None:
     """Run iterations back to back: `dvc repro` then `rlpipe iterate`, until the target.
 
     `-n N` trains N new iterations: one that a plain `dvc repro` already trained is recorded first
@@ -169,7 +173,7 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
                            f"then {iterations} new iteration(s)")
                 until += 1
         run_iterations(".", until=until, params_file=params, commit=commit, servers=servers,
-                       max_staleness=max_staleness, on_iteration=report)
+                       max_staleness=max_staleness, on_iteration=report, cluster=cluster)
     except RlpipeError as e:
         _fail(e)
 
