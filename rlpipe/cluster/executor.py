@@ -59,6 +59,7 @@ class Attempt:
     lost: str | None = None
     error: str | None = None
     outs: Any = None
+    rendezvous: dict[str, str] = field(default_factory=dict)  # MASTER_ADDR/PORT, from node 0 of a multi-node stage
     launched: set[int] = field(default_factory=set)
     finished: set[int] = field(default_factory=set)
 
@@ -110,7 +111,7 @@ class ClusterExecutor:
 
         def launch(node_rank: int) -> None:
             job = {"commands": commands, "cwd": cwd, "env": env, "attempt": attempt_no, "num_gpus": plan.num_gpus,
-                   "rank_envs": plan.rank_envs(node_rank), "rendezvous": node_rank == 0 and plan.nodes > 1,
+                   "rank_envs": [{**r, **attempt.rendezvous} for r in plan.rank_envs(node_rank)], "rendezvous": node_rank == 0 and plan.nodes > 1,
                    "data": data_job}
             options = plan.task_options()
             if group is not None:
@@ -142,6 +143,7 @@ class ClusterExecutor:
         if kind == "node":
             attempt.names[node_rank] = item[1]
         elif kind == "rendezvous":
+            attempt.rendezvous = {"MASTER_ADDR": item[1], "MASTER_PORT": str(item[2])}
             for other in range(1, plan.nodes):
                 launch(other)
         elif kind == "line":

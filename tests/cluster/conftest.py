@@ -65,6 +65,15 @@ def ray_cluster():
         local.cluster.shutdown()
 
 
+@pytest.fixture(scope="session")
+def driver(ray_cluster):
+    """This test process joined to the cluster as a driver (for the executor, used in-process)."""
+    from rlpipe.cluster.connect import connect
+
+    connect(ray_cluster.address)
+    return ray_cluster
+
+
 def cluster_env() -> dict[str, str]:
     return {**env(), **RAY_ENV}
 

@@ -12,14 +12,6 @@ from rlpipe.config import ClusterConfig, StageResourcesConfig
 from rlpipe.errors import ConfigError
 
 
-@pytest.fixture(scope="module")
-def driver(ray_cluster):
-    from rlpipe.cluster.connect import connect
-
-    connect(ray_cluster.address)
-    return ray_cluster
-
-
 def executor(**stages) -> tuple[ClusterExecutor, io.StringIO, io.StringIO]:
     out, err = io.StringIO(), io.StringIO()
     cluster = ClusterConfig(stages={name: StageResourcesConfig(**kw) for name, kw in stages.items()})
