@@ -156,7 +156,11 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
                                                          "docs/overlap.md)"),
         push: Optional[bool] = typer.Option(None, "--push/--no-push",
                                             help="`dvc push` each recorded iteration (default: iterate.push, auto = "
-                                                 "when the project has a default DVC remote)")) -> None:
+                                                 "when the project has a default DVC remote)"),
+        cluster: Optional[str] = typer.Option(None, "--cluster",
+                                              help="run the stages on a Ray cluster: ray (RAY_ADDRESS, else the "
+                                                   "one started here), HOST:6379, ray://HOST:10001, or off; "
+                                                   "default: params.yaml's cluster.address (docs/cluster.md)")) -> None:
     """Run iterations back to back: `dvc repro` then `rlpipe iterate`, until the target.
 
     `-n N` trains N new iterations: one that a plain `dvc repro` already trained is recorded first
@@ -187,7 +191,7 @@ def run(iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min
                            f"then {iterations} new iteration(s)")
                 until += 1
         run_iterations(".", until=until, params_file=params, commit=commit, servers=servers,
-                       max_staleness=max_staleness, on_iteration=report, push=push)
+                       max_staleness=max_staleness, on_iteration=report, push=push, cluster=cluster)
     except RlpipeError as e:
         _fail(e)
 

@@ -380,6 +380,27 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
+class StageResourcesConfig:
+    """What one stage asks a Ray cluster for (`rlpipe run --cluster`, docs/cluster.md); read by no stage."""
+    num_cpus: float = 1.0  # per process
+    num_gpus: float = 0.0  # per process (Ray sets CUDA_VISIBLE_DEVICES to them)
+    resources: dict[str, float] = field(default_factory=dict)  # Ray custom resources per process, e.g. {trainer: 1}
+    nodes: int = 1  # train / reference_logprob: nodes of one torch.distributed job (one Ray task per node)
+    processes_per_node: int = 1  # ranks per node (torchrun's --nproc_per_node); each gets the resources above
+    engines: int = 1  # generate / evaluate on vLLM: replicas (data parallel), each num_gpus = its tensor-parallel size
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Where `rlpipe run` runs each stage: this machine (address null) or a Ray cluster; read by no stage."""
+    address: str | None = None  # null: one machine; ray (RAY_ADDRESS, else auto) | auto | host:port | ray://host:10001
+    data: Literal["shared", "remote"] = "shared"  # shared: every node mounts the project; remote: the DVC remote
+    remote: str | None = None  # data: remote: the DVC remote's name (null = the default remote)
+    max_retries: int = 2  # a stage whose node died (or whose Ray worker was killed) runs again elsewhere
+    stages: dict[str, StageResourcesConfig] = field(default_factory=dict)  # a stage not named runs on the driver
+
+
+@dataclass(frozen=True)
 class Params:
     seed: int
     iteration: int  # written by `rlpipe iterate`; also the version of the policy that samples
@@ -400,6 +421,7 @@ class Params:
     evaluate: EvaluateConfig
     iterate: IterateConfig
     worker: WorkerConfig
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # absent in params files older than it
 
 
 # ----------------------------------------------------------------------------------------------
@@ -445,6 +467,11 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         return tuple(_convert(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value))
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, where)
+    if origin is dict:  # dict[str, X]: a mapping whose values are each converted (and named) as X
+        key_tp, value_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return {_convert(k, key_tp, f"{where} key"): _convert(v, value_tp, f"{where}.{k}") for k, v in value.items()}
     if tp is dict:
         if value is None:
             return {}
@@ -653,6 +680,17 @@ def _other_rules(params: Params, need: Need) -> None:
     r = params.reward_model
     need(r.epochs >= 1 and r.batch_size >= 1, "reward_model.epochs and reward_model.batch_size must be >= 1")
     need(0 <= r.eval_fraction < 1, "reward_model.eval_fraction must be in [0, 1)")
+    _cluster_rules(params.cluster, need)
+
+
+def _cluster_rules(cluster: ClusterConfig, need: Need) -> None:
+    need(cluster.max_retries >= 0, "cluster.max_retries must be >= 0")
+    for name, s in cluster.stages.items():
+        where = f"cluster.stages.{name}"
+        need(s.num_cpus >= 0 and s.num_gpus >= 0, f"{where}.num_cpus and .num_gpus must be >= 0")
+        need(all(v >= 0 for v in s.resources.values()), f"{where}.resources: amounts must be >= 0")
+        need(s.nodes >= 1 and s.processes_per_node >= 1 and s.engines >= 1,
+             f"{where}.nodes, .processes_per_node and .engines must be >= 1")
 
 
 def compile_layers_wanted(setting: bool | str, device: Any) -> bool:

@@ -91,7 +91,7 @@ def test_unknown_top_level_key(tmp_path, data):
     data["seedd"] = 1
     path = dump(tmp_path, data)
     msg = config_error(path)
-    assert msg.startswith(f"{path}: unknown key(s) ['seedd']; valid keys: ['advantage', 'critic', 'evaluate', ")
+    assert msg.startswith(f"{path}: unknown key(s) ['seedd']; valid keys: ['advantage', 'cluster', 'critic', 'evaluate', ")
     assert "'seed'" in msg and "'torch_threads'" in msg and msg.endswith("did you mean: seedd -> seed?")
 
 

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "rlpipe"
 TOP_LEVEL_MODULES = {"cli", "config", "profiles", "errors", "progress", "distributed"}
-ROOMS = {"algorithms", "data", "engines", "environments", "models", "project", "reports", "rewards", "run", "stages",
+ROOMS = {"algorithms", "cluster", "data", "engines", "environments", "models", "project", "reports", "rewards", "run", "stages",
          "tiny", "tracking", "training", "worker"}
 MAX_FUNCTION_LINES = 80
 MAX_SCRIPT_LINES = 80

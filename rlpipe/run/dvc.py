@@ -14,7 +14,7 @@ import os
 import subprocess
 from collections import OrderedDict
 from collections.abc import Callable
-from contextlib import ExitStack, chdir, contextmanager
+from contextlib import ExitStack, chdir, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -332,13 +332,35 @@ def _dvc_phases(phases: dict[str, float] | None):
             phases["dvc_other"] = phases.get("dvc_other", 0.0) + max(0.0, time.perf_counter() - t0 - timed_total)
 
 
+def _commands_on(executor: Any):
+    """While DVC reproduces, run each stage's command through ``executor`` (a
+    `rlpipe.cluster.executor.ClusterExecutor`: the Ray cluster) instead of DVC's own subprocess; None: DVC's.
+
+    Why DVC's ``cmd_run`` and nothing else: everything around it (deciding what runs, hashing, the cache,
+    the run cache, dvc.lock) stays DVC's own, on the driver, exactly as in a run on one machine.
+    """
+    if executor is None:
+        return nullcontext()
+    from rlpipe.cluster.executor import dvc_cmd_run
+
+    def make(original):
+        if not callable(original):
+            return None
+        return lambda stage, dry=False, run_env=None: dvc_cmd_run(executor, original, stage, dry=dry, run_env=run_env)
+
+    return _replaced("dvc.stage.run", "cmd_run", make)
+
+
 def repro(root: str | os.PathLike, targets: list[str] | None = None, *,
-          phases: dict[str, float] | None = None) -> list[str]:
+          phases: dict[str, float] | None = None, executor: Any = None) -> list[str]:
     """``dvc repro [targets]``; returns the names of the stages that ran (or were restored from the run cache).
 
     ``phases``: a dict that gets the seconds of DVC's phases added (`_dvc_phases`; in-process DVC only).
+    ``executor``: where the stages' commands run (`_commands_on`; None: here, as DVC runs them).
     """
     root = Path(root).resolve()
+    if executor is not None and not _api_available():
+        raise RlpipeError("a cluster run needs DVC's Python API on the driver: pip install 'rlpipe[dvc]'")
     if not _api_available():
         _cli(["repro", *(targets or [])], root, capture=False)
         return []
@@ -347,7 +369,7 @@ def repro(root: str | os.PathLike, targets: list[str] | None = None, *,
 
     with (chdir(root), _lockfile_read_by_the_c_loader(), _lockfile_written_atomically(),  # cwd: DVC resolves stage dirs
           _lockfile_emitted_a_stage_at_a_time(), _new_paths_hashed_as_md5(), _large_outputs_hashed_in_parallel(),
-          _dvc_phases(phases)):
+          _commands_on(executor), _dvc_phases(phases)):
         try:
             with Repo(str(root)) as repo:
                 stages = repo.reproduce(targets or None)

@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Callable
 
+from rlpipe.cluster.executor import open_executor
 from rlpipe.config import Params, load_params
 from rlpipe.errors import RlpipeError
 from rlpipe.run import dvc, policies
@@ -31,11 +32,14 @@ from rlpipe.run.params_file import set_params
 def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "params.yaml", commit: bool = True,
                    servers: bool = True, max_staleness: int | None = None,
                    on_iteration: Callable[[dict[str, Any]], None] | None = None,
-                   push: bool | None = None) -> list[dict[str, Any]]:
+                   push: bool | None = None, cluster: str | None = None) -> list[dict[str, Any]]:
     """Run iterations until params.yaml says iteration ``until``; returns their history rows.
 
     ``max_staleness``: sets ``policy.max_staleness`` in params.yaml first (None: keep what it says).
     ``push``: `dvc push` each recorded iteration (None: ``iterate.push`` decides).
+    ``cluster``: ``--cluster``'s value (a Ray address, ``ray`` or ``off``); None: params.yaml's
+    ``cluster.address`` decides. On a cluster, the stages ``cluster.stages`` names run as Ray tasks
+    (`rlpipe.cluster`) while DVC records them here.
     """
     from rlpipe.run.ahead import Prefetch
     from rlpipe.run.servers import RunServers, environment
@@ -50,30 +54,33 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
         params = load_params(root / params_file)
     if params.iteration >= until:
         return rows
+    executor = open_executor(root, params.cluster, cluster)
     # the main pipeline's stages (train above all) on their GPUs
     with environment("CUDA_VISIBLE_DEVICES", params.worker.train_devices):
         with RunServers(root, params) if servers else _NoServers() as running:
             ahead = Prefetch(root, log=sys.stdout) if params.policy.max_staleness else None
             try:
                 while (params := load_params(root / params_file)).iteration < until:
+                    if executor is not None:
+                        executor.cluster = params.cluster  # its stages' resources as params.yaml says now
                     clock = _Clock()
                     with clock("servers"):
                         running.refresh(params)
                     reproduced = False
                     if not handover_started(root, params):
                         if not (root / params.policy.path).exists():  # the tiny default: prepare makes the model
-                            dvc.repro(root, ["prepare"])
+                            dvc.repro(root, ["prepare"], executor=executor)
                             running.refresh(params)
                         if ahead is not None:
                             with clock("wait_ahead"):
                                 ahead.wait()  # iteration k's own prefetch, started during k-1: never sample twice
                             with clock("repro"):  # restores what ran ahead (runs it in iteration 0)
-                                _repro(root, params.iteration, until, sampling_targets(params), clock.dvc)
+                                _repro(root, params.iteration, until, sampling_targets(params), clock.dvc, executor)
                             if params.iteration + 1 < until:
                                 with clock("start_ahead"):
                                     _start_ahead(ahead, root, params, params_file, running.env_for_sampling())
                         with clock("repro"), running.for_training(params):
-                            _repro(root, params.iteration, until, None, clock.dvc)
+                            _repro(root, params.iteration, until, None, clock.dvc, executor)
                         reproduced = True
                     with clock("advance"):
                         row = advance(root, params_file=params_file, commit=commit, just_reproduced=reproduced,
@@ -102,9 +109,10 @@ def sampling_targets(params: Params) -> list[str]:
     return sampled_ahead(params, params.iteration) if generation_has_own_devices(params) else ["advantage"]
 
 
-def _repro(root: Path, iteration: int, until: int, targets: list[str] | None, phases: dict[str, float]) -> None:
+def _repro(root: Path, iteration: int, until: int, targets: list[str] | None, phases: dict[str, float],
+           executor=None) -> None:
     try:
-        dvc.repro(root, targets, phases=phases)
+        dvc.repro(root, targets, phases=phases, executor=executor)
     except RlpipeError as e:
         raise RlpipeError(f"{e} (iteration {iteration}); fix the cause and run `rlpipe run --until {until}` to "
                           "resume") from None

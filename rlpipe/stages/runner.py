@@ -35,6 +35,7 @@ from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable, Iterator  # noqa: E402
 
+from rlpipe.cluster.node import node_record  # noqa: E402
 from rlpipe.data.io import write_json  # noqa: E402
 from rlpipe.errors import RlpipeError  # noqa: E402
 from rlpipe.stages.headline import headline, headline_path  # noqa: E402
@@ -84,7 +85,9 @@ def engine_metrics(engine: Any) -> dict[str, Any]:
 
 def write_metrics(path: str | Path, stage: str, metrics: dict[str, Any], timer: PhaseTimer) -> None:
     """The stage's metrics file, then its headline beside it (rlpipe/stages/headline.py: what `dvc metrics show` prints)."""
-    full = _no_negative_zero({"stage": stage, **metrics, "seconds": timer.report()})
+    ran_on = node_record()  # a cluster run: the node that ran the stage (rlpipe/cluster/node.py)
+    full = _no_negative_zero({"stage": stage, **metrics, **({"cluster": ran_on} if ran_on else {}),
+                              "seconds": timer.report()})
     write_json(path, full)
     write_json(headline_path(path), headline(stage, full))
 
