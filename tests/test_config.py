@@ -14,8 +14,9 @@ import yaml
 
 from rlpipe.config import Params, RewardEntry, TrainConfig, load_params
 from rlpipe.errors import ConfigError
+from tests.shipped import shipped_params
 
-PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+PARAMS = shipped_params()  # the repo's params.yaml as shipped (tests/shipped.py)
 
 
 @pytest.fixture(scope="module")
@@ -483,3 +484,18 @@ def test_on_off_settings_survive_yaml_booleans(tmp_path, data, written, meant):
 def test_a_boolean_for_another_enumeration_says_to_quote_it(tmp_path, data):
     data["generate"]["engine"] = False  # `engine: off`, meant as the string
     assert "quote the value" in config_error(dump(tmp_path, data))
+
+
+def test_the_shipped_params_do_not_depend_on_the_iterations_this_checkout_ran(tmp_path):
+    """After the quickstart's `rlpipe run`, params.yaml says iteration 7 with the policy under state/: the
+    tests read the repo's params as shipped (tests/shipped.py), reset by `starting_state`."""
+    from rlpipe.run.iterate import starting_state
+    from rlpipe.run.params_file import set_params
+
+    ran = tmp_path / "params.yaml"
+    ran.write_text(PARAMS.read_text())
+    set_params(ran, {"iteration": 7, "policy.path": "state/policy", "policy.version": 7,
+                     "policy.latest_path": "state/policy", "reference.version": 0, "critic.path": "state/critic"})
+    assert load_params(ran).iteration == 7
+    set_params(ran, starting_state(load_params(ran)))
+    assert load_params(ran) == load_params(PARAMS)

@@ -5,6 +5,7 @@ from pathlib import Path
 import yaml
 
 from rlpipe.data.schema import markdown_table
+from tests.shipped import shipped_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,7 +43,7 @@ def test_readme_setup_commands_exist():
 
 
 def test_every_params_section_is_documented_in_params_yaml_comments_or_readme():
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = yaml.safe_load(shipped_params().read_text())
     readme = (REPO / "README.md").read_text()
     for section in params:
         assert f"`{section}" in readme or f"{section}." in readme, section
@@ -175,7 +176,7 @@ def exp_show_columns() -> list[str]:
             counts[key] = counts.get(key, 0) + 1
     metrics = [key if counts[key] == 1 else f"metrics/headline/{stage}.json:{key}"
                for stage, keys in files.items() for key in keys]
-    return ["Experiment", *flat(yaml.safe_load((REPO / "params.yaml").read_text())), *metrics]
+    return ["Experiment", *flat(yaml.safe_load(shipped_params().read_text())), *metrics]
 
 
 def test_every_exp_show_keep_pattern_keeps_a_column():

@@ -7,6 +7,7 @@ import polars as pl
 from rlpipe.config import load_params
 from rlpipe.progress import progress_enabled, stage_progress
 from rlpipe.stages.score import score_rows
+from tests.shipped import shipped_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,7 +52,7 @@ def test_score_rows_calls_progress_once_per_row():
                          "completion_text": ["2", "3", "2"], "answer": ["2"] * 3, "metadata": ["{}"] * 3,
                          "completion_length": [1, 1, 1], "truncated": [False] * 3},
                         schema_overrides={"sample_idx": pl.Int32, "completion_length": pl.Int32})
-    cfg = load_params(REPO / "params.yaml").score  # the default rewards: exact_answer + 0.5 digit_match
+    cfg = load_params(shipped_params()).score  # the default rewards: exact_answer + 0.5 digit_match
     calls: list[int] = []
     with_bar, _ = score_rows(rows, cfg, progress=calls.append)
     assert calls == [1, 1, 1]

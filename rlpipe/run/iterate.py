@@ -265,6 +265,18 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
     return row
 
 
+def starting_state(params: Params) -> dict[str, Any]:
+    """The params.yaml values `rlpipe iterate` and `rlpipe run` rewrite, as they stand before iteration 0: the
+    policy, reference and critic at the prepared model, every version 0, synchronous.
+
+    Why: a checkout where iterations ran (the README's quickstart commits them into params.yaml) is an
+    experiment; what rlpipe ships is this state, which tests and `rlpipe init` start from.
+    """
+    start = params.paths.model_dir
+    return {"iteration": 0, "policy.path": start, "policy.version": 0, "policy.latest_path": start,
+            "policy.max_staleness": 0, "reference.path": start, "reference.version": 0, "critic.path": start}
+
+
 def push_iteration(root: Path, setting: bool | str) -> bool:
     """`dvc push` the iteration just recorded (its outputs, and state/ for the next one) when ``setting`` asks;
     returns whether it pushed.

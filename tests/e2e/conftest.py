@@ -15,6 +15,7 @@ from typing import Iterator
 
 import pytest
 import yaml
+from tests.shipped import shipped_params
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,6 +103,7 @@ def make_project(dest: Path, updates: dict[str, object] | None = None, *, shrink
         if src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
+    shutil.copy2(shipped_params(), dest / "params.yaml")  # as shipped, whatever this checkout ran to
     edit_params(dest / "params.yaml", {**(SMALL if shrink else {}), **(updates or {})})
     run(["git", "init", "-q"], dest)
     run(["git", "add", "-A"], dest)

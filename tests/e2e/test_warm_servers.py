@@ -17,6 +17,7 @@ import yaml
 
 from rlpipe.worker import lifecycle
 from tests.e2e.conftest import REPO, edit_params, env, run, warm_server
+from tests.shipped import shipped_params
 
 pytestmark = pytest.mark.slow
 
@@ -243,7 +244,7 @@ def test_the_stage_server_warms_the_compiler_only_where_a_stage_compiles(tmp_pat
     from rlpipe.config import load_params
     from rlpipe.run.servers import stage_server_args
 
-    data = yaml.safe_load((REPO / "params.yaml").read_text())
+    data = yaml.safe_load(shipped_params().read_text())
     for section, (compile_layers, device) in (("reference_logprob", reference), ("train", train)):
         data[section].update(compile_layers=compile_layers, device=device)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))

@@ -25,11 +25,12 @@ from rlpipe.engines.base import Completion, GenerationEngine, PromptRequest, Sam
 from rlpipe.engines.vllm import VLLMEngine, replica_gpu_ids, shard_bounds, to_completion, vllm_sampling_kwargs
 from rlpipe.errors import ConfigError
 from rlpipe.stages.generate import choose_engine, generate_rollouts, make_engine, rollout_frame
+from tests.shipped import shipped_params
 
 EOS = 2
 VOCAB = 20
 PARAMS = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=6)
-REPO_PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
+REPO_PARAMS = shipped_params()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,8 +11,9 @@ import pytest
 from rlpipe.config import load_params
 from rlpipe.run.iterate import _only_state_changed, handover_started
 from rlpipe.run.repo import STATE_POLICY
+from tests.shipped import shipped_params
 
-PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
+PARAMS = shipped_params()
 
 
 @pytest.mark.parametrize(("entry", "only_state"), [

@@ -9,8 +9,9 @@ import pytest
 from rlpipe.config import load_params
 from rlpipe.errors import RlpipeError
 from rlpipe.run.params_file import set_params
+from tests.shipped import shipped_params
 
-PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
+PARAMS = shipped_params()
 
 
 @pytest.fixture

@@ -22,8 +22,9 @@ from rlpipe.training.data import check_policy_version
 from rlpipe.training.report import importance_weights
 from rlpipe.worker import lifecycle
 from tests.test_config import dump
+from tests.shipped import shipped_params
 
-REPO_PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
+REPO_PARAMS = shipped_params()
 
 
 @pytest.mark.parametrize("staleness, versions", [(0, [0, 1, 2, 3, 4]), (1, [0, 0, 1, 2, 3]), (2, [0, 0, 0, 1, 2])])

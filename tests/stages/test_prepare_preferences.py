@@ -14,6 +14,7 @@ from rlpipe.data.schema import PREFERENCES, PROMPTS
 from rlpipe.errors import ArtifactError
 from rlpipe.stages.prepare import preference_table, read_preference_rows
 from rlpipe.tiny import TASK_ALPHABET, build_char_tokenizer
+from tests.shipped import shipped_params
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,7 +89,7 @@ def test_empty_preference_file_is_an_error(tmp_path):
 
 
 def run_prepare(tmp_path, updates):
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = yaml.safe_load(shipped_params().read_text())
     for dotted, value in updates.items():
         node = params
         *parents, leaf = dotted.split(".")

@@ -19,6 +19,7 @@ import torch
 from safetensors import SafetensorError
 
 from rlpipe.stages.runner import OUT_OF_MEMORY_SETTINGS, stage_main
+from tests.shipped import shipped_params
 
 REPO = Path(__file__).resolve().parents[2]
 # torch's message as an 80 GB H100 printed it for the 1.5B shape's train stage (2026-11-28)
@@ -59,7 +60,7 @@ def test_every_stage_that_runs_torch_has_its_settings_and_they_exist():
     """Each name in the hints is a real params.yaml key, and every stage script is covered."""
     import yaml
 
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = yaml.safe_load(shipped_params().read_text())
     stages = {p.stem for p in (REPO / "stages").glob("*.py")} - {"prepare", "advantage"}
     assert stages <= OUT_OF_MEMORY_SETTINGS.keys()
     keys = {word.rstrip(",;:") for text in OUT_OF_MEMORY_SETTINGS.values() for word in text.split()

@@ -29,6 +29,7 @@ from rlpipe.stages.train_reward_model import (PreferencePairs, bradley_terry_los
                                  split_pairs, train_bradley_terry)
 from rlpipe.tiny import TASK_ALPHABET, build_char_tokenizer, build_tiny_llama, make_task_rows
 from rlpipe.tiny.preferences import make_preference_rows
+from tests.shipped import shipped_params
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position_embeddings=16)
@@ -228,7 +229,7 @@ def stage_app():
 
 
 def run_stage(tmp_path, prefs_frame, init, out, *, train: bool = True):
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = yaml.safe_load(shipped_params().read_text())
     params["reward_model"].update(train=train, epochs=2, batch_size=32, lr=3e-3, eval_fraction=0.25)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     write_artifact(prefs_frame, tmp_path / "prefs.parquet", PREFERENCES, metadata={"source": "test"})
