@@ -23,7 +23,7 @@ from rlpipe.cluster import placement
 from rlpipe.cluster.connect import alive_node_resources, import_ray
 from rlpipe.cluster.node import ENV_ATTEMPT, ENV_NODE, ENV_NODE_ID, ENV_PLACED, NODE_VARIABLES
 from rlpipe.cluster.task import run_on_node
-from rlpipe.config import ClusterConfig
+from rlpipe.config import ClusterConfig, Params
 from rlpipe.errors import RlpipeError
 
 # Not sent to a node: Ray decides its GPUs; Ray's, Slurm's and MPI's variables describe the driver's own
@@ -76,6 +76,7 @@ class ClusterExecutor:
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self.data = data  # a `rlpipe.cluster.remote_data.RemoteData` when the nodes share no disk
         self.ran: dict[str, str] = {}  # stage -> node of its last run (what the benchmarks and tests read)
+        self.address: str | None = None  # the cluster's address, for processes the driver starts (sampling ahead)
 
     def claims(self, stage: str) -> bool:
         return stage in self.cluster.stages
@@ -248,14 +249,10 @@ def dvc_cmd_run(executor: ClusterExecutor, original, stage: Any, dry: bool = Fal
     names, or, for a stage the cluster section does not name, DVC's own on the driver (with the driver as
     its recorded node). A failure raises DVC's own StageCmdFailedError, with the node and the stage's
     one-line error in it."""
-    if dry or not executor.claims(stage.name):
-        saved = {k: os.environ.get(k) for k in NODE_VARIABLES}
-        os.environ.update(driver_environment() if not dry else {})
-        try:
-            return original(stage, dry=dry, run_env=run_env)
-        finally:
-            for k, v in saved.items():
-                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    if dry:
+        return original(stage, dry=dry, run_env=run_env)
+    if not executor.claims(stage.name):
+        return original(stage, dry=dry, run_env={**(run_env or {}), **driver_environment()})
     from dvc.stage.exceptions import StageCmdFailedError
     from dvc.stage.run import prepare_kwargs
 
@@ -273,12 +270,16 @@ def dvc_cmd_run(executor: ClusterExecutor, original, stage: Any, dry: bool = Fal
         executor.data.adopt(stage, outs)
 
 
-def open_executor(root: Path, cluster: ClusterConfig, flag: str | None) -> ClusterExecutor | None:
+def open_executor(root: Path, params: Params, flag: str | None) -> ClusterExecutor | None:
     """Connect to the cluster that ``flag`` (``--cluster``) or ``cluster.address`` names and return the
     executor for `rlpipe.run.dvc.repro`; None for a run on this machine (Ray is then never imported)."""
+    cluster, vllm = params.cluster, params.generate.vllm
     address = placement.resolve_address(flag, cluster.address, os.environ)
     if address is None:
         return None
+    placement.check_engines(cluster, tensor_parallel_size=vllm.tensor_parallel_size,
+                            data_parallel_size=vllm.data_parallel_size,
+                            generation_on_gpu=params.generate.device.startswith("cuda"))
     import yaml
 
     from rlpipe.cluster.connect import connect
@@ -292,4 +293,6 @@ def open_executor(root: Path, cluster: ClusterConfig, flag: str | None) -> Clust
         from rlpipe.cluster.remote_data import RemoteData
 
         data = RemoteData(root, cluster.remote)
-    return ClusterExecutor(cluster, data=data)
+    executor = ClusterExecutor(cluster, data=data)
+    executor.address = address
+    return executor

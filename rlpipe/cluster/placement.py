@@ -98,6 +98,26 @@ def check_stages(cluster: ClusterConfig, stages: list[str]) -> None:
         raise ConfigError(f"cluster.stages: {unknown} not a stage of dvc.yaml; its stages: {sorted(stages)}")
 
 
+def check_engines(cluster: ClusterConfig, *, tensor_parallel_size: int, data_parallel_size: int,
+                  generation_on_gpu: bool) -> None:
+    """What the vLLM stages ask for matches their engine: GPUs for TP x DP on one node, one engine per stage.
+
+    ``engines`` > 1 (replicas on several nodes) is refused for now: the generate stage does not split its
+    prompts between nodes yet (docs/cluster.md), and silently running one engine would not be what was asked.
+    """
+    for stage in ("generate", "evaluate"):
+        wanted = cluster.stages.get(stage)
+        if wanted is None:
+            continue
+        if wanted.engines > 1:
+            raise ConfigError(f"cluster.stages.{stage}.engines: {wanted.engines} engines on several nodes are not "
+                              "supported yet; use 1 engine with tensor/data parallelism inside a node (docs/cluster.md)")
+        need = tensor_parallel_size * data_parallel_size
+        if generation_on_gpu and wanted.num_gpus * wanted.processes_per_node < need:
+            raise ConfigError(f"cluster.stages.{stage}.num_gpus: {wanted.num_gpus:g} GPU(s), but "
+                              f"generate.vllm.tensor_parallel_size x data_parallel_size needs {need} on its node")
+
+
 def check_feasible(plan: StagePlan, nodes: list[dict[str, float]]) -> None:
     """Fail now, naming the stage and what it asks, when no ``plan.nodes`` distinct alive nodes can ever hold
     one node task each; Ray itself would wait forever for resources no node has.

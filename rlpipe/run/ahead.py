@@ -71,8 +71,9 @@ def next_sampling_params(params: Params) -> dict:
 class Prefetch:
     """The prefetch of one iteration at a time, in a background ``dvc repro`` process."""
 
-    def __init__(self, root: str | os.PathLike, *, log) -> None:
+    def __init__(self, root: str | os.PathLike, *, log, cluster: str | None = None) -> None:
         self.root = Path(root).resolve()
+        self.cluster = cluster  # a Ray address: the prefetched stages run on the cluster too (`main` below)
         self.dir = self.root / AHEAD
         self.log = log
         self.proc: subprocess.Popen | None = None
@@ -91,7 +92,9 @@ class Prefetch:
         print(f"rlpipe run: sampling iteration {self.iteration} ahead (policy version {updates['policy.version']}): "
               f"{', '.join(stages)}", file=self.log, flush=True)
         with open(self.dir / "prefetch.log", "w") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "--single-item", *stages],
+            repro = (["-m", "rlpipe.run.ahead", "--cluster", self.cluster] if self.cluster
+                     else ["-m", "dvc", "repro", "--single-item"])
+            self.proc = subprocess.Popen([sys.executable, *repro, *stages],
                                          cwd=self.dir, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=subprocess.STDOUT)
 
@@ -150,3 +153,29 @@ def _without_sections(config: str, names: tuple[str, ...]) -> str:
         if not skipping:
             out.append(line)
     return "\n".join(out) + ("\n" if out else "")
+
+
+def main(argv: list[str]) -> int:
+    """``python -m rlpipe.run.ahead --cluster ADDRESS STAGE...``: the prefetch of a cluster run, in the scratch
+    copy: ``dvc repro --single-item STAGE...`` with the stages placed on the cluster as params.yaml says, so
+    that generation nodes sample iteration k+1 while training nodes train k."""
+    from rlpipe.cluster.executor import open_executor
+    from rlpipe.config import load_params
+    from rlpipe.errors import RlpipeError
+    from rlpipe.run import dvc
+
+    if len(argv) < 2 or argv[0] != "--cluster":
+        print("usage: python -m rlpipe.run.ahead --cluster ADDRESS STAGE...", file=sys.stderr)
+        return 2
+    root = Path.cwd()
+    try:
+        executor = open_executor(root, load_params(root / "params.yaml"), argv[1])
+        dvc.repro(root, argv[2:], executor=executor, single_item=True)
+    except RlpipeError as e:
+        print(f"rlpipe: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -352,17 +352,18 @@ def _commands_on(executor: Any):
 
 
 def repro(root: str | os.PathLike, targets: list[str] | None = None, *,
-          phases: dict[str, float] | None = None, executor: Any = None) -> list[str]:
+          phases: dict[str, float] | None = None, executor: Any = None, single_item: bool = False) -> list[str]:
     """``dvc repro [targets]``; returns the names of the stages that ran (or were restored from the run cache).
 
     ``phases``: a dict that gets the seconds of DVC's phases added (`_dvc_phases`; in-process DVC only).
     ``executor``: where the stages' commands run (`_commands_on`; None: here, as DVC runs them).
+    ``single_item``: ``--single-item`` (only the targets, not what they depend on).
     """
     root = Path(root).resolve()
     if executor is not None and not _api_available():
         raise RlpipeError("a cluster run needs DVC's Python API on the driver: pip install 'rlpipe[dvc]'")
     if not _api_available():
-        _cli(["repro", *(targets or [])], root, capture=False)
+        _cli(["repro", *(["--single-item"] if single_item else []), *(targets or [])], root, capture=False)
         return []
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
@@ -372,7 +373,7 @@ def repro(root: str | os.PathLike, targets: list[str] | None = None, *,
           _commands_on(executor), _dvc_phases(phases)):
         try:
             with Repo(str(root)) as repo:
-                stages = repo.reproduce(targets or None)
+                stages = repo.reproduce(targets or None, single_item=single_item)
         except DvcException as e:
             raise RlpipeError(f"`dvc repro` failed: {with_causes(e)}") from None
     return [s.addressing for s in stages]

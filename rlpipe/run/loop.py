@@ -54,11 +54,12 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
         params = load_params(root / params_file)
     if params.iteration >= until:
         return rows
-    executor = open_executor(root, params.cluster, cluster)
+    executor = open_executor(root, params, cluster)
     # the main pipeline's stages (train above all) on their GPUs
     with environment("CUDA_VISIBLE_DEVICES", params.worker.train_devices):
         with RunServers(root, params) if servers else _NoServers() as running:
-            ahead = Prefetch(root, log=sys.stdout) if params.policy.max_staleness else None
+            ahead = (Prefetch(root, log=sys.stdout, cluster=executor.address if executor is not None else None)
+                     if params.policy.max_staleness else None)
             try:
                 while (params := load_params(root / params_file)).iteration < until:
                     if executor is not None:

@@ -17,6 +17,9 @@ import pytest
 
 from tests.e2e.conftest import env, make_project, run
 
+# Ray binds the machine's interface address unless told to stay on 127.0.0.1 (Ray 2.60, docs/cluster.md)
+RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_DEDUP_LOGS": "0"}
+os.environ.update(RAY_ENV)  # before Ray is imported
 pytest.importorskip("ray", reason="the cluster tests need Ray: pip install -e '.[ray]'")
 
 NODES = {"gen-node": {"gen": 1}, "score-node": {"scorer": 1, "ddp": 1}, "train-node": {"trainer": 1, "ddp": 1}}
@@ -24,8 +27,6 @@ NODES = {"gen-node": {"gen": 1}, "score-node": {"scorer": 1, "ddp": 1}, "train-n
 PLACED = {"generate": {"resources": {"gen": 1}}, "score": {"resources": {"scorer": 1}},
           "train": {"resources": {"trainer": 1}}, "reference_logprob": {"num_cpus": 1}, "evaluate": {"num_cpus": 1}}
 NODE_OF = {"generate": "gen-node", "score": "score-node", "train": "train-node"}
-# Ray binds the machine's interface address unless told to stay on 127.0.0.1 (Ray 2.60, docs/cluster.md)
-RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_DEDUP_LOGS": "0"}
 
 
 class LocalCluster:

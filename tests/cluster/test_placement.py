@@ -8,8 +8,8 @@ import sys
 import pytest
 import yaml
 
-from rlpipe.cluster.placement import (StagePlan, check_feasible, check_stages, engine_bundles, resolve_address,
-                                      stage_plan)
+from rlpipe.cluster.placement import (StagePlan, check_engines, check_feasible, check_stages, engine_bundles,
+                                      resolve_address, stage_plan)
 from rlpipe.config import ClusterConfig, StageResourcesConfig, load_params
 from rlpipe.errors import ConfigError
 from tests.e2e.conftest import REPO
@@ -69,6 +69,19 @@ def test_vllm_engines_fill_a_node_before_the_next_and_stay_inside_one():
         engine_bundles(1, 16, 1, [8.0, 8.0])
     with pytest.raises(ConfigError, match=r"cluster.stages.generate.engines: 3 engines of 8 GPUs do not fit"):
         engine_bundles(3, 8, 1, [8.0, 8.0])
+
+
+def test_vllm_stages_ask_for_their_engines_gpus_and_one_engine_for_now():
+    def cluster(**kw):
+        return ClusterConfig(stages={"generate": StageResourcesConfig(**kw)})
+
+    check_engines(cluster(num_gpus=4), tensor_parallel_size=2, data_parallel_size=2, generation_on_gpu=True)
+    check_engines(cluster(num_gpus=0), tensor_parallel_size=2, data_parallel_size=2, generation_on_gpu=False)
+    with pytest.raises(ConfigError, match=r"^cluster.stages.generate.num_gpus: 2 GPU\(s\), but generate.vllm"):
+        check_engines(cluster(num_gpus=2), tensor_parallel_size=2, data_parallel_size=2, generation_on_gpu=True)
+    with pytest.raises(ConfigError, match=r"^cluster.stages.generate.engines: 2 engines on several nodes are not"):
+        check_engines(cluster(num_gpus=1, engines=2), tensor_parallel_size=1, data_parallel_size=1,
+                      generation_on_gpu=True)
 
 
 def test_stage_names_are_checked_against_dvc_yaml():
