@@ -382,20 +382,26 @@ def test_data_a_piece_could_render_differently_is_emitted_whole(tmp_path):
     assert _lock_writes(tmp_path, "rlpipe", edits, by_stage=True) == dvc_alone
 
 
-def test_adding_in_a_git_repo_prints_no_git_hint(tmp_path, capsys, caplog):
-    """`rlpipe iterate` commits the .dvc file it adds: DVC's "To track the changes with git, run" is noise."""
-    import logging
+def _git_dvc_project_with_a_policy(root):
+    """A git + DVC project holding an untracked state/policy directory, as `rlpipe iterate` finds one."""
     import subprocess
     import sys
 
-    from rlpipe.run import dvc
-
-    root = tmp_path / "p"
     root.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=root, check=True)
     (root / "state" / "policy").mkdir(parents=True)
     (root / "state/policy/weights.bin").write_bytes(b"w" * 1000)
+    return root
+
+
+def test_adding_in_a_git_repo_prints_no_git_hint(tmp_path, capsys, caplog):
+    """`rlpipe iterate` commits the .dvc file it adds: DVC's "To track the changes with git, run" is noise."""
+    import logging
+
+    from rlpipe.run import dvc
+
+    root = _git_dvc_project_with_a_policy(tmp_path / "p")
     with caplog.at_level(logging.INFO):
         dvc.add(root, "state/policy")
     out = capsys.readouterr()
@@ -413,12 +419,7 @@ def test_push_iteration_pushes_to_the_default_remote_when_there_is_one(tmp_path)
     from rlpipe.run import dvc
     from rlpipe.run.iterate import push_iteration
 
-    root = tmp_path / "p"
-    root.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=root, check=True)
-    (root / "state" / "policy").mkdir(parents=True)
-    (root / "state/policy/weights.bin").write_bytes(b"w" * 1000)
+    root = _git_dvc_project_with_a_policy(tmp_path / "p")
     dvc.add(root, "state/policy")
     assert dvc.default_remote(root) is None
     assert push_iteration(root, "auto") is False and push_iteration(root, False) is False
