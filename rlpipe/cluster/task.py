@@ -28,6 +28,7 @@ from typing import Any
 from rlpipe.cluster.node import ENV_ATTEMPT, ENV_NODE, ENV_NODE_ID, ENV_PLACED
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_STARTING: dict[str, subprocess.Popen] = {}  # warm servers this Ray worker started, by name
 
 
 def this_node() -> tuple[str, str, str]:
@@ -122,13 +123,16 @@ def warm_server(project: str, env: dict[str, str], node_id: str) -> str:
         return "@" + name
     except OSError:
         pass
+    if name in _STARTING and _STARTING[name].poll() is None:
+        return "@" + name  # still importing torch: this stage runs in its own process meanwhile
     log_dir = os.path.join(project, ".rlpipe", "logs")
     os.makedirs(log_dir, exist_ok=True)
     with open(os.path.join(log_dir, f"node-stage-{node_id[:12]}.log"), "ab") as log:
-        subprocess.Popen([sys.executable, "-P", "-m", "rlpipe.worker.stage_server", "--project", project,
-                          "--address", "@" + name, "--owner", str(os.getpid()), "--idle-timeout", "3600"],
-                         cwd=project, env={k: v for k, v in env.items() if k != "RLPIPE_STAGE_SERVER"},
-                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        argv = [sys.executable, "-P", "-m", "rlpipe.worker.stage_server", "--project", project,
+                "--address", "@" + name, "--owner", str(os.getpid()), "--idle-timeout", "3600"]
+        _STARTING[name] = subprocess.Popen(argv, cwd=project, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                           env={k: v for k, v in env.items() if k != "RLPIPE_STAGE_SERVER"},
+                                           start_new_session=True)
     return "@" + name
 
 
