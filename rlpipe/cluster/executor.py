@@ -77,6 +77,7 @@ class ClusterExecutor:
         self.data = data  # a `rlpipe.cluster.remote_data.RemoteData` when the nodes share no disk
         self.ran: dict[str, str] = {}  # stage -> node of its last run (what the benchmarks and tests read)
         self.address: str | None = None  # the cluster's address, for processes the driver starts (sampling ahead)
+        self.warm = False  # a warm stage server on each node (worker.stage_server, unless `rlpipe run --no-servers`)
 
     def claims(self, stage: str) -> bool:
         return stage in self.cluster.stages
@@ -112,6 +113,7 @@ class ClusterExecutor:
 
         def launch(node_rank: int) -> None:
             job = {"commands": commands, "cwd": cwd, "env": env, "attempt": attempt_no, "num_gpus": plan.num_gpus,
+                   "warm": self.warm,
                    "rank_envs": [{**r, **attempt.rendezvous} for r in plan.rank_envs(node_rank)], "rendezvous": node_rank == 0 and plan.nodes > 1,
                    "data": data_job}
             options = plan.task_options()
@@ -294,5 +296,5 @@ def open_executor(root: Path, params: Params, flag: str | None) -> ClusterExecut
 
         data = RemoteData(root, cluster.remote)
     executor = ClusterExecutor(cluster, data=data)
-    executor.address = address
+    executor.address, executor.warm = address, params.worker.stage_server
     return executor

@@ -55,6 +55,8 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
     if params.iteration >= until:
         return rows
     executor = open_executor(root, params, cluster)
+    if executor is not None and not servers:
+        executor.warm = False  # --no-servers: no warm stage server on the nodes either
     # the main pipeline's stages (train above all) on their GPUs
     with environment("CUDA_VISIBLE_DEVICES", params.worker.train_devices):
         with RunServers(root, params) if servers else _NoServers() as running:
