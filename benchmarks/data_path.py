@@ -156,7 +156,7 @@ def params_for(data: Path, estimator: str) -> Path:
 def step_command(step: str, data: Path, repo: Path, out: Path) -> list[str]:
     """The command line of one step, run with ``repo``'s code on the tables in ``data``."""
     py = sys.executable
-    name, _, estimator = step.partition(":")
+    name, _, estimator = step.partition("@")[0].partition(":")
     if name == "advantage":
         p = params_for(data, estimator)
         return [py, str(repo / "stages/advantage.py"), "--params", str(p), "--rollouts", str(data / "rollouts.parquet"),
@@ -168,8 +168,10 @@ def step_command(step: str, data: Path, repo: Path, out: Path) -> list[str]:
         return [py, str(repo / "stages/score.py"), "--params", str(params_for(data, "grpo")),
                 "--rollouts", str(data / "rollouts.parquet"), "--prompts", str(data / "prompts.parquet"),
                 "--out", str(out / "scores.parquet"), "--metrics", str(out / "metrics-score.json")]
-    if name == "train_data":
-        return [py, str(Path(__file__).resolve()), "train-data", str(data), str(out / "advantages-grpo.parquet")]
+    if name == "train_data":  # train_data@W: rank 0's share of W torchrun ranks
+        base, _, world = step.partition("@")
+        return [py, str(Path(__file__).resolve()), "train-data", str(data), str(out / "advantages-grpo.parquet"),
+                "--world", world or "1"]
     if name == "inspect":  # `rlpipe inspect .` on a project whose paths name these tables: joins them all
         return [py, "-m", "rlpipe.cli", "inspect", str(inspect_project(data, out)), "--json"]
     if name == "validate":
@@ -270,8 +272,10 @@ def run(data: Path, repo: Path = typer.Option(ROOT, help="checkout whose code ru
 
 
 @app.command("train-data")
-def train_data(data: Path, advantages: Path) -> None:
-    """Train's data path without a model: read and join the iteration's tables, build the trainer's inputs."""
+def train_data(data: Path, advantages: Path, world: int = typer.Option(1, help="as rank 0 of this many ranks")
+               ) -> None:
+    """Train's data path without a model: read and join the iteration's tables, build the trainer's inputs.
+    With ``--world`` W > 1: rank 0's share under torchrun (its rows, and the per-row numbers of all)."""
     from rlpipe.data.io import read_artifact
     from rlpipe.data.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS
     from rlpipe.training import data as train_data_module
@@ -279,16 +283,27 @@ def train_data(data: Path, advantages: Path) -> None:
 
     selective = hasattr(train_data_module, "TRAINED_ROLLOUT_COLUMNS")  # an rlpipe older than 2026-11 reads all
 
+    rows = None
+    if world > 1:
+        from rlpipe.data.io import count_rows
+        from rlpipe.training.share import share_bounds
+
+        rows = share_bounds(count_rows(data / "rollouts.parquet"), 0, world)
+
     def read(path: Path, schema, columns_name: str | list[str]):
         if not selective:
             return read_artifact(path, schema)
         columns = getattr(train_data_module, columns_name) if isinstance(columns_name, str) else columns_name
-        return read_artifact(path, schema, columns=columns)
+        return read_artifact(path, schema, columns=columns, **({"rows": rows} if rows else {}))
 
     frame = training_frame(read(data / "rollouts.parquet", ROLLOUTS, "TRAINED_ROLLOUT_COLUMNS"),
                            read(advantages, ADVANTAGES, "TRAINED_ADVANTAGE_COLUMNS"),
                            read(data / "ref_logprobs.parquet", REF_LOGPROBS, ["ref_logprobs"]))
     inputs = training_data(frame)
+    if rows:  # every rank's per-row numbers, as the gather returns them (here rank 0's, W times)
+        from rlpipe.training.share import share_rows
+
+        inputs = share_rows(inputs, *rows, lambda local: [local] * world)
     print(f"{len(inputs.completion_token_ids)} rows")
 
 

@@ -6,9 +6,9 @@
 Without torchrun (or with WORLD_SIZE=1) `start` returns None and every stage takes its
 single-process path, unchanged: nothing here runs then.
 
-Work is dealt round-robin: item i goes to rank i % world_size (`share`), and `in_order` puts the
-ranks' results back in item order. Every rank reads the whole input artifact, so the deal needs
-no communication and every rank knows every item (e.g. a step's token count) without a collective.
+Data-parallel work (reference_logprob) is dealt round-robin: item i goes to rank i % world_size
+(`share`), and `in_order` puts the ranks' results back in item order. Training ranks instead own
+contiguous blocks of rows and read only those (`rlpipe.training.share`).
 Only rank 0 writes outputs. Kept free of polars: the GPU image runs the training path without it.
 """
 from __future__ import annotations
@@ -58,6 +58,23 @@ class Dist:
         """`obj` of every rank (picklable), indexed by rank, on every rank."""
         out: list[Any] = [None] * self.world_size
         torch_dist.all_gather_object(out, obj)
+        return out
+
+    def send_to_main(self, obj: Any) -> None:
+        """Send ``obj`` (picklable) to rank 0, which takes it with `receive_from` this rank."""
+        torch_dist.send_object_list([obj], dst=0)
+
+    def receive_from(self, rank: int) -> Any:
+        """On rank 0: the object ``rank`` sends with `send_to_main`."""
+        box: list[Any] = [None]
+        torch_dist.recv_object_list(box, src=rank)
+        return box[0]
+
+    def gather_to_main(self, obj: Any) -> list[Any] | None:
+        """`obj` of every rank, indexed by rank, on rank 0 only (None elsewhere): what only rank 0 writes
+        (a resume state) is never held by every rank."""
+        out: list[Any] | None = [None] * self.world_size if self.is_main else None
+        torch_dist.gather_object(obj, out, dst=0)
         return out
 
 

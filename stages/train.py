@@ -50,20 +50,20 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         writes = dist is None or dist.is_main  # under torchrun rank 0 alone writes
         setup_torch(p.torch_threads, p.seed)
     with timer.phase("read"):
-        inputs = train.read_inputs(p, paths)
+        inputs = train.read_inputs(p, paths, dist)
         trainees = train.load_trainees(p, paths, dist)
     with timer.phase("compute"):
-        data, total = train.trainer_data(inputs, p)
+        data, total = train.trainer_data(inputs, p, dist)
         states = train.resume_states(p, paths, dist)
         with stage_progress("train", total=total, unit="steps") as advance:
             updates = train.run_updates(p, inputs, trainees, data, states, policy=policy, progress=advance)
     timer.move(compile_seconds(), to="compile")
     with timer.phase("write"):
         saved = train.write_outputs(p, paths, inputs, trainees, updates, states, writes=writes)
+    m = train.train_metrics(p, inputs, trainees, updates, saved, states)  # under torchrun: a collective
     finish(dist)
     if not writes:
         return
-    m = train.train_metrics(p, inputs, trainees, updates, saved, states)
     stage.write_metrics(metrics, "train", m, timer)
     stage.summary_line("train", steps=m["optimizer_steps"], sequences=m["trained_sequences"],
                        seconds=timer.report()["total"], clip_fraction=round(m["clip_fraction"], 4),

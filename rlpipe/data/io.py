@@ -12,7 +12,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import polars as pl
 import pyarrow as pa
@@ -22,6 +22,11 @@ from rlpipe.data.schema import METADATA_KEY, SCHEMA_VERSION, ArtifactSchema
 from rlpipe.errors import ArtifactError
 
 PARQUET_COMPRESSION = "zstd"
+# Arrow bytes per Parquet row group, about. Why bounded: a reader of some rows (a training rank's share, a
+# batch of a streamed stage) decodes whole row groups; pyarrow's default of 1Mi rows makes one group of
+# a 67M-token table. Tables smaller than this stay one row group, byte for byte as before.
+ROW_GROUP_BYTES = 64 * 2**20
+MAX_GROUP_ROWS = 1024 * 1024  # pyarrow's default row group size
 
 
 @dataclass(frozen=True)
@@ -253,8 +258,48 @@ def write_artifact(df: pl.DataFrame, path: str | os.PathLike, schema: ArtifactSc
     table = out.to_arrow(compat_level=pl.CompatLevel.oldest())
     table = table.replace_schema_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression=PARQUET_COMPRESSION)
+        pq.write_table(table, tmp, compression=PARQUET_COMPRESSION, row_group_size=rows_per_group(table))
     return path
+
+
+def write_artifact_parts(parts: Iterable[pl.DataFrame], path: str | os.PathLike, schema: ArtifactSchema,
+                         *, metadata: dict[str, Any] | None = None) -> Path:
+    """Write frames one after another into one artifact, atomically, as `write_artifact` writes one frame.
+
+    Why: under torchrun each rank holds its own rows' results; rank 0 writes them as they arrive, one
+    rank's at a time, so no process ever holds the whole table. Each part must be sorted by the keys
+    and come after the previous one (the ranks' contiguous shares are).
+    """
+    path = Path(path)
+    meta = json.dumps({**(metadata or {}), "artifact": schema.name, "schema_version": SCHEMA_VERSION}, sort_keys=True)
+    last_key, writer = None, None
+    with atomic_path(path) as tmp:
+        try:
+            for part in parts:
+                out = _conform(part, schema, f"{path} (being written)", allow_cast=True)
+                if not out.select(schema.keys).equals(out.select(schema.keys).sort(list(schema.keys))):
+                    raise ArtifactError(f"{path}: a part to write is not sorted by its keys {list(schema.keys)}")
+                if out.height and last_key is not None and out.select(schema.keys).row(0) <= last_key:
+                    raise ArtifactError(f"{path}: parts overlap or are out of order at key {last_key}")
+                table = out.to_arrow(compat_level=pl.CompatLevel.oldest())
+                table = table.replace_schema_metadata({METADATA_KEY: meta})
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, table.schema, compression=PARQUET_COMPRESSION)
+                writer.write_table(table, row_group_size=rows_per_group(table))
+                last_key = out.select(schema.keys).row(-1) if out.height else last_key
+        finally:
+            if writer is not None:
+                writer.close()
+    return path
+
+
+def rows_per_group(table: pa.Table) -> int:
+    """Rows per row group for ``table``: about ROW_GROUP_BYTES of its Arrow data each (at least 1,024 rows,
+    at most pyarrow's default); the number depends on the data alone, so the bytes stay reproducible."""
+    if table.num_rows == 0:
+        return MAX_GROUP_ROWS
+    per_row = max(table.nbytes / table.num_rows, 1.0)
+    return max(1024, min(MAX_GROUP_ROWS, int(ROW_GROUP_BYTES // per_row)))
 
 
 def sorted_by_keys(df: pl.DataFrame, keys: tuple[str, ...]) -> pl.DataFrame:
@@ -262,6 +307,14 @@ def sorted_by_keys(df: pl.DataFrame, keys: tuple[str, ...]) -> pl.DataFrame:
     are: a sort gathers a copy of every column, gigabytes of token lists at scale."""
     key_frame = df.select(keys)
     return df if key_frame.equals(key_frame.sort(list(keys))) else df.sort(list(keys))
+
+
+def count_rows(path: str | os.PathLike) -> int:
+    """The rows of a Parquet file, from its footer."""
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ArtifactError(f"{path}: not a readable Parquet file (truncated or corrupt?): {e}") from None
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
@@ -297,12 +350,15 @@ def _checked_metadata(p: Path, schema: ArtifactSchema) -> dict[str, Any]:
     return meta
 
 
-def read_artifact(path: str | os.PathLike, schema: ArtifactSchema, *, columns: list[str] | None = None) -> Artifact:
+def read_artifact(path: str | os.PathLike, schema: ArtifactSchema, *, columns: list[str] | None = None,
+                  rows: tuple[int, int] | None = None) -> Artifact:
     """Read and validate an artifact; refuse another artifact kind or schema version.
 
     ``columns``: read only these (and the keys), and check only them. Why: a stage that needs 7 of the
     rollouts' 19 columns should not hold the token ids and texts it never looks at (at 67M tokens
     those are gigabytes). The frame then holds the keys first and the columns in schema order.
+    ``rows``: only rows [start, stop) of the file (a training rank's share, `rlpipe.training.share`),
+    read a batch at a time so that the rest of the file is never held.
     """
     p = Path(path)
     meta = _checked_metadata(p, schema)
@@ -313,10 +369,16 @@ def read_artifact(path: str | os.PathLike, schema: ArtifactSchema, *, columns: l
         if absent:
             raise ArtifactError(f"{p}: missing column(s) {absent} required by the {schema.name!r} schema")
     try:  # polars' own reader: a third of the peak of pyarrow's read + conversion
-        frame = pl.read_parquet(p, columns=only)
+        frame = pl.read_parquet(p, columns=only) if rows is None else _read_rows(p, only, *rows)
     except (pl.exceptions.PolarsError, pa.ArrowInvalid, OSError) as e:
         raise ArtifactError(f"{p}: not a readable Parquet file (truncated or corrupt?): {e}") from None
     return Artifact(frame=_conform(frame, schema, str(p), allow_cast=False, only=only), metadata=meta, path=p)
+
+
+def _read_rows(p: Path, only: list[str] | None, start: int, stop: int) -> pl.DataFrame:
+    """Rows [start, stop) of a Parquet file: polars decodes only the row groups that hold them."""
+    scan = pl.scan_parquet(p)
+    return (scan.select(only) if only is not None else scan).slice(start, stop - start).collect()
 
 
 @dataclass(frozen=True)

@@ -5,18 +5,20 @@ Four steps, each a function the stage script calls in its phase: `read_inputs` (
 frame, checked against params), `load_trainees` (the policy, full or LoRA, and for gae the critic,
 compiled and sharded as configured), `run_updates` (mu epochs of optimizer steps, resumable),
 `write_outputs` (checkpoint, critic, per-token statistics, per-step CSV). `train_metrics` says what the
-stage measured. Under torchrun every rank runs every step; only rank 0 writes.
+stage measured. Under torchrun every rank runs every step on its own share of the rows
+(`rlpipe.training.share`); only rank 0 writes, the per-token statistics arriving from each rank in turn.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import polars as pl
 
 from rlpipe.config import Params, fine_points
-from rlpipe.data.io import read_artifact, read_policy_version, write_artifact
+from rlpipe.data.io import count_rows, read_artifact, read_policy_version, write_artifact, write_artifact_parts
 from rlpipe.data.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS, VALUES
 from rlpipe.distributed import Dist
 from rlpipe.engines.logprobs import compile_decoder_layers, compile_layers_wanted, enable_gradient_checkpointing
@@ -27,10 +29,11 @@ from rlpipe.models.loading import (load_tokenizer, load_trainable_model, lora_fo
 from rlpipe.models.lora.adapter import is_adapter_dir
 from rlpipe.training.data import (TRAINED_ADVANTAGE_COLUMNS, TRAINED_ROLLOUT_COLUMNS, check_policy_version, training_data,
                                   training_frame)
-from rlpipe.training.loop import TrainResult, count_optimizer_steps, sampling_truncation, train_policy
+from rlpipe.training.loop import TrainResult, count_optimizer_steps, sampling_truncation, train_policy, trainable_rows
 from rlpipe.training.report import (check_sampler, importance_weights, reward_stats, sampler_check_applies,
                                    sampler_mismatch, token_stats_frame, write_steps_csv)
 from rlpipe.training.resume import ResumeStates, resume_key
+from rlpipe.training.share import share_bounds, share_rows
 
 # train settings that decide how often and how durably resume states are written, never the result:
 # left out of the resume key, so changing them keeps a killed run's states usable
@@ -63,6 +66,7 @@ class TrainInputs:
     frame: pl.DataFrame
     scores: pl.DataFrame
     staleness: int
+    rows: tuple[int, int] | None = None  # under torchrun: this rank's rows [start, stop) of every table
 
 
 @dataclass
@@ -79,9 +83,21 @@ class Trainees:
     sharded: Any  # rlpipe.training.distributed.ShardedTraining under torchrun, else None
 
 
-def read_inputs(p: Params, paths: TrainPaths) -> TrainInputs:
-    """Read and join the iteration's tables; refuse rollouts of another sampler or a gae run without values."""
-    roll = read_artifact(paths.rollouts, ROLLOUTS, columns=TRAINED_ROLLOUT_COLUMNS)
+def share_of(paths: TrainPaths, dist: Dist | None, with_critic: bool) -> tuple[int, int] | None:
+    """This rank's rows of the tables under torchrun; None for one process (or for tables whose row counts
+    differ: every rank then reads them whole, and the join names the keys that do not match)."""
+    if dist is None:
+        return None
+    tables = [paths.rollouts, paths.advantages, paths.ref_logprobs] + ([paths.values] if with_critic else [])
+    counts = {count_rows(t) for t in tables}
+    return share_bounds(counts.pop(), dist.rank, dist.world_size) if len(counts) == 1 else None
+
+
+def read_inputs(p: Params, paths: TrainPaths, dist: Dist | None = None) -> TrainInputs:
+    """Read and join the iteration's tables (under torchrun, this rank's share of their rows); refuse
+    rollouts of another sampler or a gae run without values."""
+    rows = share_of(paths, dist, p.advantage.needs_critic)
+    roll = read_artifact(paths.rollouts, ROLLOUTS, columns=TRAINED_ROLLOUT_COLUMNS, rows=rows)
     staleness = check_policy_version(roll, sampler_version=p.policy.version, iteration=p.iteration,
                                      max_staleness=p.policy.max_staleness, policy_dir=paths.policy,
                                      stored=read_policy_version(paths.policy))
@@ -89,11 +105,15 @@ def read_inputs(p: Params, paths: TrainPaths) -> TrainInputs:
     if with_critic and not (paths.values and paths.critic and paths.critic_checkpoint):
         raise ArtifactError("advantage.estimator 'gae' trains a critic: pass --values, --critic and "
                             "--critic-checkpoint (dvc.yaml does)")
-    frame = training_frame(roll, read_artifact(paths.advantages, ADVANTAGES, columns=TRAINED_ADVANTAGE_COLUMNS),
-                           read_artifact(paths.ref_logprobs, REF_LOGPROBS, columns=["ref_logprobs"]),
-                           read_artifact(paths.values, VALUES, columns=["values"]) if with_critic else None)
+    frame = training_frame(
+        roll, read_artifact(paths.advantages, ADVANTAGES, columns=TRAINED_ADVANTAGE_COLUMNS, rows=rows),
+        read_artifact(paths.ref_logprobs, REF_LOGPROBS, columns=["ref_logprobs"], rows=rows),
+        read_artifact(paths.values, VALUES, columns=["values"], rows=rows) if with_critic else None)
+    if dist is not None and rows is None:  # tables of unequal lengths: joined whole, then this rank's share
+        rows = share_bounds(frame.height, dist.rank, dist.world_size)
+        frame = frame[rows[0]:rows[1]]
     return TrainInputs(roll, frame, read_artifact(paths.scores, SCORES, columns=["reward", "correct"]).frame,
-                       staleness)
+                       staleness, rows)
 
 
 def load_trainees(p: Params, paths: TrainPaths, dist: Dist | None) -> Trainees:
@@ -152,27 +172,34 @@ class Updates:
     sampler_check: str  # "passed", or why it did not apply
 
 
-def sampler_check_of(p: Params, inputs: TrainInputs, policy: str) -> tuple[str | None, Callable | None]:
+def sampler_check_of(p: Params, inputs: TrainInputs, policy: str, dist: Dist | None = None
+                     ) -> tuple[str | None, Callable | None]:
     """Why pi_old's recomputed log-probs are not checked against the sampler's (None: they are), and the check."""
     cfg = p.train
     skip = sampler_check_applies(staleness=inputs.staleness, sampling=inputs.rollouts.metadata.get("sampling"),
                                  tolerance=cfg.max_sampler_mismatch, keep_sampling_mask=cfg.keep_sampling_mask)
     if skip:
         return skip, None
-    return skip, lambda old: check_sampler(inputs.frame, old, tolerance=cfg.max_sampler_mismatch, policy=policy)
+    gather = None if dist is None else dist.gather
+    return skip, lambda old: check_sampler(inputs.frame, old, tolerance=cfg.max_sampler_mismatch, policy=policy,
+                                           gather=gather)
 
 
-def trainer_data(inputs: TrainInputs, p: Params) -> tuple[Any, int]:
-    """The trainer's data and how many optimizer steps it makes of it (the progress bar's total)."""
+def trainer_data(inputs: TrainInputs, p: Params, dist: Dist | None = None) -> tuple[Any, int]:
+    """The trainer's data (under torchrun: this rank's rows and what every rank knows of all rows) and how
+    many optimizer steps it makes of it (the progress bar's total)."""
     data = training_data(inputs.frame)
-    return data, count_optimizer_steps(int(data.trainable.sum()), p.train)
+    if dist is not None:
+        data = share_rows(data, *inputs.rows, dist.gather)
+    return data, count_optimizer_steps(len(trainable_rows(data)), p.train)
 
 
 def run_updates(p: Params, inputs: TrainInputs, trainees: Trainees, data: Any, states: ResumeStates, *, policy: str,
                 progress: Callable[[int], None] | None = None) -> Updates:
     """mu epochs of optimizer steps on the iteration's rollouts, from the last resume state if one is kept."""
     state = states.load()
-    skip_check, check_old = sampler_check_of(p, inputs, policy)
+    dist = trainees.sharded.dist if trainees.sharded is not None else None
+    skip_check, check_old = sampler_check_of(p, inputs, policy, dist)
     result = train_policy(trainees.model, data, p.train, temperature=p.generate.temperature,
                           pad_token_id=trainees.tokenizer.pad_token_id, seed=p.seed, iteration=p.iteration,
                           max_length=p.generate.max_completion_tokens, critic=trainees.critic, progress=progress,
@@ -215,6 +242,7 @@ def write_outputs(p: Params, paths: TrainPaths, inputs: TrainInputs, trainees: T
     master = save_dtype != "float32" if cfg.master_weights == "auto" else cfg.master_weights
     if trainees.lora is not None:  # the adapter alone, in float32 (megabytes): no master copy needed
         save_dtype, master = "float32", False
+    write_token_stats(p, paths, inputs, updates, trainees.sharded.dist if trainees.sharded is not None else None)
     if writes:
         if trainees.lora is not None:
             from rlpipe.models.lora.peft_model import save_adapter
@@ -227,20 +255,34 @@ def write_outputs(p: Params, paths: TrainPaths, inputs: TrainInputs, trainees: T
         if paths.critic_checkpoint:
             save_critic(trainees.critic, trainees.tokenizer, paths.critic_checkpoint, version=p.iteration + 1,
                         estimator=p.advantage.estimator)
-        write_artifact(token_stats_frame(inputs.frame, updates.result), paths.token_stats, TRAIN_TOKEN_STATS,
-                       metadata={"policy_version": p.iteration})
         write_steps_csv(paths.steps, updates.result.steps)
         states.discard()
     return Saved(save_dtype, master)
 
 
+def write_token_stats(p: Params, paths: TrainPaths, inputs: TrainInputs, updates: Updates, dist: Dist | None) -> None:
+    """The per-token statistics table; under torchrun rank 0 writes each rank's rows as they arrive."""
+    stats = token_stats_frame(inputs.frame, updates.result)
+    metadata = {"policy_version": p.iteration}
+    if dist is None:
+        write_artifact(stats, paths.token_stats, TRAIN_TOKEN_STATS, metadata=metadata)
+    elif dist.is_main:
+        parts = itertools.chain([stats], (dist.receive_from(rank) for rank in range(1, dist.world_size)))
+        write_artifact_parts(parts, paths.token_stats, TRAIN_TOKEN_STATS, metadata=metadata)
+    else:
+        dist.send_to_main(stats)
+
+
 def train_metrics(p: Params, inputs: TrainInputs, trainees: Trainees, updates: Updates, saved: Saved,
                   states: ResumeStates) -> dict[str, Any]:
     """Everything the stage measured: the trainer's numbers, the rewards, the sampler's agreement with pi_old,
-    the importance weights, and how the run was set up and written."""
+    the importance weights, and how the run was set up and written. Under torchrun a collective: every
+    rank calls it (with its own rows) and gets the figures of all rows."""
     cfg, result = p.train, updates.result
-    return {**result.metrics, **reward_stats(inputs.scores), **sampler_mismatch(inputs.frame, result.old_logprobs),
-            **importance_weights(inputs.frame, result.old_logprobs, tis_cap=cfg.tis_cap),
+    gather = trainees.sharded.dist.gather if trainees.sharded is not None else None
+    return {**result.metrics, **reward_stats(inputs.scores),
+            **sampler_mismatch(inputs.frame, result.old_logprobs, gather),
+            **importance_weights(inputs.frame, result.old_logprobs, tis_cap=cfg.tis_cap, gather=gather),
             "staleness": inputs.staleness, "sampler_policy_version": p.policy.version,
             "policy_version_out": p.iteration + 1, "policy_loss_function": cfg.policy_loss_function,
             "profile": p.profile, "fine_points": fine_points(p), "compiled_layers": trainees.compiled,

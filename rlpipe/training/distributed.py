@@ -4,22 +4,18 @@
 
 `train_policy(..., dist=ShardedTraining)` runs the loop of one process on every rank, with these
 differences (``dist=None`` is the single-process path, untouched):
-- every rank reads the whole iteration and draws the same shuffles and minibatches;
-- a minibatch is cut into the micro-batches one process would make (``train.micro_batch_size``
-  sequences, a forward's memory), dealt round-robin to the ranks. Each keeps its normalisers: the
-  whole step's token/sequence counts (scope minibatch; every rank holds every sequence, so these
-  are global without a collective) or its own counts and 1/k, k the step's micro-batch count over
-  all ranks (scope micro_batch). FSDP then SUMS the gradients over ranks (divide factor 1: the
-  losses are already normalised globally), so a step's gradient is one process's up to the order
-  of float additions, whatever the split;
-- a rank with one micro-batch fewer than rank 0 runs a zero-weighted pass, so that FSDP's
-  all-gathers and reduce-scatters stay in step; a micro-batch count divisible by the world size
-  (minibatch_size a multiple of world_size x micro_batch_size) wastes none;
-- step metrics: every micro-batch's loss and health stats are gathered and combined in micro-batch
-  order, exactly as one process combines them; skip / early-stop decisions are therefore the same
-  on every rank;
-- log-probs before and after training: the packed token-budget batches one process would make,
-  dealt round-robin, gathered on every rank;
+- every rank holds only its own rows (`rlpipe.training.share`) and draws one process's shuffles and
+  minibatches over all rows; of each minibatch it trains its own rows, cut into micro-batches as one
+  process cuts. The normalisers are the whole step's token/sequence counts (scope minibatch: from the
+  per-row numbers every rank knows) or each micro-batch's own counts and 1/k, k the step's micro-batch
+  count over all ranks (scope micro_batch). FSDP then SUMS the gradients over ranks (divide factor 1:
+  the losses are already normalised globally), so with scope minibatch a step's gradient is one
+  process's up to the order of float additions, whatever the number of ranks;
+- a rank with fewer micro-batches than another runs zero-weighted passes, so that FSDP's
+  all-gathers and reduce-scatters stay in step;
+- step metrics: every micro-batch's loss and health stats are gathered and combined rank by rank;
+  skip / early-stop decisions are therefore the same on every rank;
+- log-probs before and after training: each rank's own rows, in packed token-budget batches of them;
 - state dicts (checkpoint, resume state): gathered full and unsharded to rank 0's CPU memory.
 
 Why a wrapper as the FSDP root. FSDP2 gathers the parameters that belong to no sharded
@@ -119,26 +115,20 @@ class ShardedTraining:
     def share(self, items: Sequence[Any]) -> list[Any]:
         return self.dist.share(items)
 
-    def in_order(self, mine: list[Any]) -> list[Any]:
-        return self.dist.in_order(mine)
-
     def completion_logprobs(self, model, batch, *, temperature: float, chunk_size: int, with_entropy: bool):
         """`rlpipe.engines.logprobs.completion_logprobs` of the sharded policy, run through its FSDP root."""
         if model is not self.policy:
             raise ValueError("ShardedTraining computes the log-probs of the policy it sharded, no other model")
         return self.root(batch, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
 
-    def all_logprobs(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
-                     temperature: float, max_tokens_per_batch: int, chunk_size: int, with_entropy: bool
-                     ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-        """No-grad log-probs (and entropies) of every sequence, on every rank.
-
-        The packed token-budget batches `batched_completion_logprobs` makes, dealt round-robin: each
-        sequence shares its batch, and so its rounding, with the same sequences as in one process.
-        """
+    def share_logprobs(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
+                       temperature: float, max_tokens_per_batch: int, chunk_size: int, with_entropy: bool
+                       ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+        """No-grad log-probs (and entropies) of this rank's sequences (its `RowShare`), in their order: the
+        packed token-budget batches `batched_completion_logprobs` makes of them."""
         out = self._over_batches(prompts, completions, max_tokens_per_batch, lambda batch, pick: self.root(
             batch, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy))
-        logprobs, entropies = out if out else ([], [])  # no sequences: no batches, nothing gathered
+        logprobs, entropies = out if out else ([], [])  # no sequences: no batches
         return logprobs, (entropies if with_entropy else None)
 
     def completion_logprobs_truncated(self, model, batch, kept, *, temperature: float, chunk_size: int,
@@ -148,46 +138,55 @@ class ShardedTraining:
             raise ValueError("ShardedTraining computes the log-probs of the policy it sharded, no other model")
         return self.root(batch, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, kept=kept)
 
-    def all_kept_sets(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
-                      temperature: float, top_k: int, top_p: float, max_tokens_per_batch: int, chunk_size: int
-                      ) -> tuple[list[np.ndarray], list, list[np.ndarray], list[np.ndarray]]:
-        """`rlpipe.engines.truncation.batched_kept_sets` on every rank: its batches dealt round-robin, gathered."""
+    def share_kept_sets(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
+                        temperature: float, top_k: int, top_p: float, max_tokens_per_batch: int, chunk_size: int
+                        ) -> tuple[list[np.ndarray], list, list[np.ndarray], list[np.ndarray]]:
+        """`rlpipe.engines.truncation.batched_kept_sets` of this rank's sequences."""
         out = self._over_batches(prompts, completions, max_tokens_per_batch, lambda batch, pick: self.root(
             batch, temperature=temperature, chunk_size=chunk_size, with_entropy=True, truncation=(top_k, top_p)))
         truncated, full, entropy, kept = out  # batch_kept_sets' order
         return truncated, kept, full, entropy
 
-    def all_truncated_logprobs(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-                               kept: list, *, temperature: float, max_tokens_per_batch: int,
-                               chunk_size: int) -> list[np.ndarray]:
-        """`rlpipe.engines.truncation.batched_truncated_logprobs` on every rank."""
+    def share_truncated_logprobs(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                                 kept: list, *, temperature: float, max_tokens_per_batch: int,
+                                 chunk_size: int) -> list[np.ndarray]:
+        """`rlpipe.engines.truncation.batched_truncated_logprobs` of this rank's sequences."""
         out = self._over_batches(prompts, completions, max_tokens_per_batch, lambda batch, pick: self.root(
             batch, temperature=temperature, chunk_size=chunk_size, with_entropy=False, kept=[kept[i] for i in pick]))
         return out[2]
 
     def _over_batches(self, prompts, completions, max_tokens_per_batch: int, forward) -> list[list[Any]]:
-        """Run ``forward(batch, rows)`` (no grad) on this rank's share of the packed token-budget batches and
-        gather every output per sequence, in input order: [B, C] grids are unpadded, lists of rows (kept sets)
-        taken as they are, None stays None. Returns one list per output of ``forward``."""
+        """Run ``forward(batch, rows)`` (no grad) on packed token-budget batches of this rank's sequences and
+        return every output per sequence, in input order: [B, C] grids are unpadded, lists of rows (kept sets)
+        taken as they are, None stays None. One list per output of ``forward``.
+
+        A rank with fewer batches than another runs dummy passes on its shortest sequence, so that FSDP's
+        all-gathers stay in step (the count is agreed on with one small gather)."""
         lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
         batches = token_budget_batches(lengths, max_tokens_per_batch, packed=True)
-        mine = []
+        rounds = max(self.dist.gather(len(batches)))
+        shortest = [int(np.argmin(lengths))] if lengths else []
+        per_output: list[list[Any]] = []
         with torch.no_grad():
-            for rows in self.share(batches):
-                pick = rows if rows is not None else batches[-1]  # a dummy pass on the shortest batch
+            for k in range(rounds):
+                rows = batches[k] if k < len(batches) else None
+                pick = rows if rows is not None else shortest
                 batch = make_packed_batch([prompts[i] for i in pick], [completions[i] for i in pick])
                 outputs = forward(batch, pick)
-                if rows is not None:
-                    mine.append((rows, [unpad(x, batch.completion_lengths) if isinstance(x, torch.Tensor)
-                                        else [None] * len(rows) if x is None else x for x in outputs]))
-        per_output: list[list[Any]] = []
-        for rows, outputs in self.in_order(mine):
-            while len(per_output) < len(outputs):
-                per_output.append([None] * len(prompts))
-            for k, values in enumerate(outputs):
-                for j, i in enumerate(rows):
-                    per_output[k][i] = values[j]
+                if rows is None:
+                    continue
+                for j, values in enumerate(outputs):
+                    if len(per_output) <= j:
+                        per_output.append([None] * len(prompts))
+                    values = (unpad(values, batch.completion_lengths) if isinstance(values, torch.Tensor)
+                              else [None] * len(rows) if values is None else values)
+                    for i, value in zip(rows, values):
+                        per_output[j][i] = value
         return per_output
+
+    def concat(self, mine: list[Any]) -> list[Any]:
+        """Every rank's list, concatenated in rank order, on every rank."""
+        return [item for part in self.dist.gather(mine) for item in part]
 
     def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float) -> float:
         """`torch.nn.utils.clip_grad_norm_` over sharded gradients: the norm of the full gradient, on every rank."""

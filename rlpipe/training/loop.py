@@ -30,6 +30,7 @@ from rlpipe.errors import TrainingError
 from rlpipe.training.loop_state import (LoopState, kept_from_state, load_module_state, save_due,
                                         snapshot)
 from rlpipe.training.objective import Normalisers, TrainingData, autocast, micro_batch_loss
+from rlpipe.training.share import quantile_over_ranks, sums_over_ranks
 
 # step metrics summarised as means; the last three exist only when their feature is on
 OPTIONAL_STEP_METRICS = ("dual_clip_fraction", "off_policy_masked_fraction", "tis_weight_mean", "tis_capped_fraction",
@@ -68,9 +69,44 @@ def cut_micro_batches(minibatch: Sequence[int], data: TrainingData, cfg: TrainCo
     return [np.asarray(m) if isinstance(minibatch, np.ndarray) else m for m in out]
 
 
+def trainable_rows(data: TrainingData) -> np.ndarray:
+    """The rows the loop shuffles into minibatches: of the whole iteration, also under torchrun."""
+    return np.flatnonzero(data.trainable if data.rows is None else data.rows.trainable)
+
+
+def policy_token_counts(data: TrainingData, rows: Sequence[int]) -> np.ndarray:
+    """The loss's tokens of each of ``rows`` (rows of the whole iteration), int64: every rank knows them."""
+    if data.rows is not None:
+        return data.rows.policy_tokens[np.asarray(rows, dtype=np.int64)]
+    return np.array([data.policy_tokens(i) for i in rows], dtype=np.int64)
+
+
+def micro_batch_plan(minibatch: Sequence[int], data: TrainingData, cfg: TrainConfig, dist
+                     ) -> tuple[list[Sequence[int] | None], int]:
+    """The micro-batches this process runs for ``minibatch`` and how many all processes run together.
+
+    One process: `cut_micro_batches`. Under torchrun: the micro-batches cut from this rank's own rows of
+    the minibatch (in the shuffled order), padded with None (a zero-weighted pass) to the most any rank
+    has. With train.token_mean_scope minibatch the step's gradient is one process's whatever the cut;
+    with micro_batch each micro-batch is normalised by its own counts, as in peers whose ranks cut their
+    own data, so its value depends on the number of ranks.
+    """
+    if dist is None:
+        cut = cut_micro_batches(minibatch, data, cfg)
+        return cut, len(cut)
+    cut = cut_micro_batches(data.rows.mine(np.asarray(minibatch)), data, cfg)
+    counts = dist.dist.gather(len(cut))
+    return cut + [None] * (max(counts) - len(cut)), sum(counts)
+
+
 def _budget(data: TrainingData, cfg: TrainConfig) -> int:
-    """Tokens per no-grad batch: no more than a training micro-batch holds."""
-    longest = max((len(p) + len(c) for p, c in zip(data.prompt_token_ids, data.completion_token_ids)), default=1)
+    """Tokens per no-grad batch: no more than a training micro-batch holds (the longest sequence of the
+    whole iteration sets it, under torchrun too: every rank batches with one process's budget)."""
+    if data.rows is not None:
+        longest = int(data.rows.lengths.max(initial=1))
+    else:
+        longest = max((len(p) + len(c) for p, c in zip(data.prompt_token_ids, data.completion_token_ids)),
+                      default=1)
     budget = cfg.micro_batch_size * longest
     if cfg.max_tokens_per_micro_batch:
         budget = max(min(budget, cfg.max_tokens_per_micro_batch), longest)
@@ -83,9 +119,9 @@ def _all_logprobs(model, data: TrainingData, cfg: TrainConfig, *, temperature: f
     budget = _budget(data, cfg)
     with autocast(cfg):
         if dist is not None:
-            return dist.all_logprobs(data.prompt_token_ids, data.completion_token_ids, temperature=temperature,
-                                     max_tokens_per_batch=budget, chunk_size=cfg.chunk_size,
-                                     with_entropy=with_entropy)
+            return dist.share_logprobs(data.prompt_token_ids, data.completion_token_ids, temperature=temperature,
+                                       max_tokens_per_batch=budget, chunk_size=cfg.chunk_size,
+                                       with_entropy=with_entropy)
         return batched_completion_logprobs(
             model, data.prompt_token_ids, data.completion_token_ids, pad_token_id=pad_token_id,
             temperature=temperature, max_tokens_per_batch=budget, chunk_size=cfg.chunk_size,
@@ -174,7 +210,7 @@ def train_policy(model, data: TrainingData, cfg: TrainConfig, *, temperature: fl
     if check_old is not None:
         check_old(state.old)
     data.old_logprobs = state.old
-    entropy_threshold = _entropy_mask(data, state.old_entropy, cfg)
+    entropy_threshold = _entropy_mask(data, state.old_entropy, cfg, dist)
     if progress is not None and state.done:
         progress(state.done)
     run_epochs(model, critic, data, cfg, state, seed=seed, iteration=iteration, temperature=temperature,
@@ -206,13 +242,14 @@ def start_loop(model, critic, data: TrainingData, cfg: TrainConfig, *, resume: d
     load_module_state(model, optimizer, resume["model"], resume["optimizer"], dist)
     if critic is not None:
         load_module_state(critic, critic_optimizer, resume["critic"], resume["critic_optimizer"], dist)
-    state = LoopState(optimizer, critic_optimizer, [t.numpy() for t in resume["old_logprobs"]],
-                      [t.numpy() for t in resume["old_entropy"]], done=int(resume["step"]),
+    mine = slice(None) if data.rows is None else slice(data.rows.start, data.rows.stop)  # a state holds every row
+    state = LoopState(optimizer, critic_optimizer, [t.numpy() for t in resume["old_logprobs"][mine]],
+                      [t.numpy() for t in resume["old_entropy"][mine]], done=int(resume["step"]),
                       skipped=int(resume["skipped_steps"]), steps=list(resume["steps"]),
                       stopped=bool(resume.get("stopped", False)))
     if truncation is not None:
-        data.old_logprobs_full = [t.numpy() for t in resume["old_logprobs_full"]]
-        data.kept = kept_from_state(resume["kept"])
+        data.old_logprobs_full = [t.numpy() for t in resume["old_logprobs_full"][mine]]
+        data.kept = kept_from_state(resume["kept"][mine])
     if "rng" in resume:  # LoRA dropout draws from torch's global generator
         torch.set_rng_state(resume["rng"])
     return state
@@ -222,8 +259,9 @@ def run_epochs(model, critic, data: TrainingData, cfg: TrainConfig, state: LoopS
                temperature: float, pad_token_id: int, max_length: int, resume: dict[str, Any] | None,
                save_state: Callable[[dict[str, Any]], None] | None, progress: Any, dist) -> None:
     """Every optimizer step still to take: per epoch a seeded shuffle of the trainable rows, cut into
-    minibatches; each minibatch is one step. Updates ``state``; saves resume states when due."""
-    trainable = np.flatnonzero(data.trainable)
+    minibatches; each minibatch is one step. Updates ``state``; saves resume states when due.
+    Under torchrun the shuffles are one process's, over every row of the iteration (`trainable_rows`)."""
+    trainable = trainable_rows(data)
     per_epoch = math.ceil(len(trainable) / cfg.minibatch_size)
     last_save = time.monotonic()
     for epoch in range(state.done // per_epoch if per_epoch else cfg.epochs, cfg.epochs):
@@ -268,7 +306,7 @@ def loop_result(model, critic, data: TrainingData, cfg: TrainConfig, state: Loop
     with torch.no_grad():
         if data.kept is not None:  # on pi_old's supports, like the old log-probs they are compared with
             truncated_of = (batched_truncated_logprobs if dist is None
-                            else (lambda model, *args, **kw: dist.all_truncated_logprobs(*args, **kw)))
+                            else (lambda model, *args, **kw: dist.share_truncated_logprobs(*args, **kw)))
             with autocast(cfg):
                 new = truncated_of(model, data.prompt_token_ids, data.completion_token_ids, data.kept,
                                    temperature=temperature, max_tokens_per_batch=_budget(data, cfg),
@@ -277,17 +315,19 @@ def loop_result(model, critic, data: TrainingData, cfg: TrainConfig, state: Loop
             new, _ = _all_logprobs(model, data, cfg, temperature=temperature, pad_token_id=pad_token_id,
                                    with_entropy=False, dist=dist)
     old, trainable = state.old, np.flatnonzero(data.trainable)
-    metrics = {**_summary(state.steps, data, old, new, state.old_entropy), "skipped_steps": state.skipped,
-               "early_stopped": state.stopped, "planned_optimizer_steps": count_optimizer_steps(len(trainable), cfg)}
+    gather = None if dist is None else dist.dist.gather
+    metrics = {**_summary(state.steps, data, old, new, state.old_entropy, gather), "skipped_steps": state.skipped,
+               "early_stopped": state.stopped,
+               "planned_optimizer_steps": count_optimizer_steps(len(trainable_rows(data)), cfg)}
     if entropy_threshold is not None:
         metrics["high_entropy_threshold"] = entropy_threshold
     metrics["keep_sampling_mask"] = data.kept is not None
     if data.kept is not None:  # how much of pi_old the sampler's support held, on average over tokens
         keep = np.concatenate([data.policy_values(data.old_logprobs_full, i) - data.policy_values(old, i)
                                for i in trainable] or [[]])
-        metrics["sampling_kept_mass_mean"] = float(np.exp(keep).mean()) if keep.size else 1.0
+        metrics["sampling_kept_mass_mean"] = _mean(np.exp(keep), gather, empty=1.0)
     if critic is not None:
-        metrics.update(_critic_summary(state.steps, data))
+        metrics.update(_critic_summary(state.steps, data, gather))
     return TrainResult(metrics=metrics, steps=state.steps, old_logprobs=old, old_entropy=state.old_entropy,
                        new_logprobs=new)
 
@@ -297,7 +337,8 @@ def _keep_sampling_mask(model, data: TrainingData, cfg: TrainConfig, truncation:
     """DeepSeek-V3.2's keep sampling mask: pi_old's kept sets (into data.kept), its truncated log-probs and
     entropies (returned); the full log-probs go to data.old_logprobs_full for the KL's importance weight."""
     top_k, top_p = truncation
-    kept_sets_of = batched_kept_sets if dist is None else (lambda model, *args, **kw: dist.all_kept_sets(*args, **kw))
+    kept_sets_of = (batched_kept_sets if dist is None
+                    else (lambda model, *args, **kw: dist.share_kept_sets(*args, **kw)))
     with autocast(cfg):
         old, kept, old_full, entropy = kept_sets_of(
             model, data.prompt_token_ids, data.completion_token_ids, temperature=temperature, top_k=top_k,
@@ -307,18 +348,22 @@ def _keep_sampling_mask(model, data: TrainingData, cfg: TrainConfig, truncation:
     return old, entropy
 
 
-def _entropy_mask(data: TrainingData, old_entropy: list[np.ndarray], cfg: TrainConfig) -> float | None:
+def _entropy_mask(data: TrainingData, old_entropy: list[np.ndarray], cfg: TrainConfig, dist=None) -> float | None:
     """With train.top_entropy_quantile < 1, set data.entropy_keep from pi_old's entropies; return the threshold.
 
     The threshold is taken once over the policy tokens of every trainable row (not per micro-batch),
     so it is the same whatever the split and after a resume (old_entropy is part of the saved state).
+    Under torchrun each rank holds its rows' entropies: the quantile of them all is found without moving them.
     """
     if cfg.top_entropy_quantile >= 1.0:
         data.entropy_keep = None
         return None
     rows = np.flatnonzero(data.trainable)
-    threshold = high_entropy_threshold(np.concatenate([data.policy_values(old_entropy, i) for i in rows] or [[]]),
-                                       top_quantile=cfg.top_entropy_quantile)
+    entropies = np.concatenate([data.policy_values(old_entropy, i) for i in rows] or [[]])
+    if dist is None:
+        threshold = high_entropy_threshold(entropies, top_quantile=cfg.top_entropy_quantile)
+    else:
+        threshold = quantile_over_ranks(entropies, 1.0 - cfg.top_entropy_quantile, dist.dist.gather)
     keep = [np.asarray(h, dtype=np.float64) >= threshold for h in old_entropy]
     if data.policy_mask is not None:
         keep = [k & m for k, m in zip(keep, data.policy_mask)]
@@ -332,19 +377,20 @@ def _optimizer_step(model, critic, optimizers, data, minibatch, cfg, *, temperat
 
     Every micro-batch runs backward, even on a non-finite loss: losses and health statistics stay
     on the device and are read back once, after the last micro-batch (one GPU sync per step, not
-    per micro-batch), and then the skip decision is taken. With ``dist`` each rank runs its share
-    of the micro-batches (a zero-weighted pass where it has one fewer; FSDP's reduce-scatters must
-    stay in step) and the decision is taken on every micro-batch's loss, gathered from all ranks.
+    per micro-batch), and then the skip decision is taken. With ``dist`` each rank runs the
+    micro-batches cut from its own rows of the minibatch (`micro_batch_plan`; zero-weighted passes
+    where it has fewer than another rank, so that FSDP's reduce-scatters stay in step) and the
+    decision is taken on every micro-batch's loss, gathered from all ranks.
     """
-    lengths = [data.policy_tokens(i) for i in minibatch]  # the loss's tokens: a multi-turn row's policy tokens
-    step_tokens = int(sum(lengths))
-    step_sequences = int(sum(1 for n in lengths if n > 0))
-    micro_batches = cut_micro_batches(minibatch, data, cfg)
+    lengths = policy_token_counts(data, minibatch)  # the loss's tokens: a multi-turn row's policy tokens
+    step_tokens = int(lengths.sum())
+    step_sequences = int((lengths > 0).sum())
+    micro_batches, num_micro_batches = micro_batch_plan(minibatch, data, cfg, dist)
 
     def norm_for(mask_BC) -> Normalisers:
         tokens, sequences, scale = loss_normalisers(mask_BC, scope=cfg.token_mean_scope, step_tokens=step_tokens,
                                                     step_sequences=step_sequences,
-                                                    num_micro_batches=len(micro_batches))
+                                                    num_micro_batches=num_micro_batches)
         return Normalisers(tokens, sequences, max_length, scale)
 
     def drop() -> None:
@@ -356,8 +402,8 @@ def _optimizer_step(model, critic, optimizers, data, minibatch, cfg, *, temperat
     dropouts = _lora_dropouts(model, cfg)
     for layer in dropouts:
         layer.train()
-    for idx in (micro_batches if dist is None else dist.share(micro_batches)):
-        loss, health = micro_batch_loss(model, critic, data, micro_batches[0][:1] if idx is None else idx, cfg,
+    for idx in micro_batches:
+        loss, health = micro_batch_loss(model, critic, data, np.zeros(1, np.int64) if idx is None else idx, cfg,
                                         temperature=temperature, pad_token_id=pad_token_id, norm_for=norm_for,
                                         dist=dist)
         if idx is None:  # dist: this rank has one micro-batch fewer; the pass only keeps collectives in step
@@ -369,8 +415,8 @@ def _optimizer_step(model, critic, optimizers, data, minibatch, cfg, *, temperat
         layer.eval()
     parts = health_to_host(parts)
     losses = [part.pop("micro_batch_loss") for part in parts]
-    if dist is not None:
-        losses, parts = map(list, zip(*dist.in_order(list(zip(losses, parts)))))
+    if dist is not None:  # every rank's micro-batches, rank by rank
+        losses, parts = map(list, zip(*dist.concat(list(zip(losses, parts)))))
     if not all(math.isfinite(x) for x in losses):
         drop()
         return None
@@ -400,19 +446,37 @@ def _lora_dropouts(model, cfg: TrainConfig) -> list[torch.nn.Module]:
     return dropout_modules(model)
 
 
-def _critic_summary(steps, data: TrainingData) -> dict[str, Any]:
+def _mean(values: np.ndarray, gather, *, empty: float = 0.0) -> float:
+    """The mean of ``values`` (numpy's, one process) or of every rank's values together (``gather``)."""
+    if gather is None:
+        return float(values.mean()) if values.size else empty
+    total = sums_over_ranks({"sum": float(np.sum(values, dtype=np.float64)), "count": int(values.size)}, gather)
+    return total["sum"] / total["count"] if total["count"] else empty
+
+
+def _variance(values: np.ndarray, gather) -> float:
+    """numpy's variance (ddof 0) of ``values``, or of every rank's together: the mean first, then the squares."""
+    if gather is None:
+        return float(np.var(values)) if values.size else 0.0
+    mean = _mean(values.astype(np.float64), gather)
+    return _mean(np.square(values.astype(np.float64) - mean), gather)
+
+
+def _critic_summary(steps, data: TrainingData, gather=None) -> dict[str, Any]:
     """Critic health: its loss, clip fraction, and how much of the returns' variance V_old explained."""
     keep = np.flatnonzero(data.trainable)
     ret = np.concatenate([data.returns[i] for i in keep]) if keep.size else np.zeros(0)
     val = np.concatenate([data.old_values[i] for i in keep]) if keep.size else np.zeros(0)
-    var = float(np.var(ret)) if ret.size else 0.0
+    var = _variance(ret, gather)
+    unexplained = _variance(ret - val, gather)
     mean_of = lambda key: float(np.mean([s[key] for s in steps])) if steps else 0.0  # noqa: E731
     return {"value_loss": mean_of("value_loss"), "value_clip_fraction": mean_of("value_clip_fraction"),
             "critic_grad_norm_mean": mean_of("critic_grad_norm"),
-            "explained_variance": 1.0 - float(np.var(ret - val)) / var if var > 0 else 0.0}
+            "explained_variance": 1.0 - unexplained / var if var > 0 else 0.0}
 
 
-def _summary(steps, data: TrainingData, old, new, old_entropy) -> dict[str, Any]:
+def _summary(steps, data: TrainingData, old, new, old_entropy, gather=None) -> dict[str, Any]:
+    """The loop's metrics: step means, and over the trainable policy tokens (of every rank) what moved."""
     def mean_of(key: str) -> float:
         return float(np.mean([s[key] for s in steps])) if steps else 0.0
 
@@ -424,7 +488,7 @@ def _summary(steps, data: TrainingData, old, new, old_entropy) -> dict[str, Any]
                if old_entropy else np.zeros(0))
     return {
         "optimizer_steps": len(steps),
-        "trained_sequences": int(mask.sum()),
+        "trained_sequences": len(trainable_rows(data)),
         "loss_mean": mean_of("loss"),
         "clip_fraction": mean_of("clip_fraction"),
         "approx_kl_old": mean_of("approx_kl"),
@@ -433,9 +497,9 @@ def _summary(steps, data: TrainingData, old, new, old_entropy) -> dict[str, Any]
         "grad_norm_max": max((s["grad_norm"] for s in steps), default=0.0),
         "ratio_min": min((s["ratio_min"] for s in steps), default=1.0),
         "ratio_max": max((s["ratio_max"] for s in steps), default=1.0),
-        "entropy_old": float(entropy.mean()) if entropy.size else 0.0,
-        "logprob_change_mean": float(delta.mean()) if delta.size else 0.0,
+        "entropy_old": _mean(entropy, gather),
+        "logprob_change_mean": _mean(delta, gather),
         # the same k3 estimate as approx_kl (r = pi_new / pi_old), after the last step
-        "final_kl_old": float(np.mean(np.exp(delta) - 1 - delta)) if delta.size else 0.0,
+        "final_kl_old": _mean(np.exp(delta) - 1 - delta, gather),
         **{key: mean_of(key) for key in OPTIONAL_STEP_METRICS if steps and key in steps[0]},
     }

@@ -41,15 +41,26 @@ class LoopState:
 
 def snapshot(model, critic, data: TrainingData, state: LoopState, *, step: int, epoch: int, order, dist
              ) -> dict[str, Any]:
-    """The whole loop state after ``step`` optimizer steps, as `train_policy`'s ``resume`` takes it back."""
+    """The whole loop state after ``step`` optimizer steps, as `train_policy`'s ``resume`` takes it back.
+
+    Under torchrun the per-row lists (pi_old's log-probs, entropies, kept sets) of every rank are gathered
+    to rank 0, which alone writes the state; the others' copy holds none of them.
+    """
     model_state, optimizer_state = module_state(model, state.optimizer, dist)
+
+    def every_row(local: list) -> list:
+        if dist is None or data.rows is None:
+            return local
+        parts = dist.dist.gather_to_main(local)
+        return [row for part in parts for row in part] if parts is not None else []
+
     saved = {"step": step, "skipped_steps": state.skipped, "steps": state.steps, "epoch": epoch,
              "stopped": state.stopped, "order": torch.as_tensor(order), "model": model_state,
-             "optimizer": optimizer_state, "old_logprobs": [torch.as_tensor(x) for x in state.old],
-             "old_entropy": [torch.as_tensor(x) for x in state.old_entropy], "rng": torch.get_rng_state()}
+             "optimizer": optimizer_state, "old_logprobs": [torch.as_tensor(x) for x in every_row(state.old)],
+             "old_entropy": [torch.as_tensor(x) for x in every_row(state.old_entropy)], "rng": torch.get_rng_state()}
     if data.kept is not None:
-        saved["old_logprobs_full"] = [torch.as_tensor(x) for x in data.old_logprobs_full]
-        saved["kept"] = kept_to_state(data.kept)
+        saved["old_logprobs_full"] = [torch.as_tensor(x) for x in every_row(data.old_logprobs_full)]
+        saved["kept"] = kept_to_state(every_row(data.kept))
     if critic is not None:
         saved.update(zip(("critic", "critic_optimizer"), module_state(critic, state.critic_optimizer, dist)))
     return saved

@@ -22,7 +22,7 @@ changes how much the other sequences weigh, and micro-batch invariance holds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -61,6 +61,9 @@ class TrainingData:
     # fills it; old_logprobs are then truncated to it and old_logprobs_full are the full-softmax ones)
     kept: list[list[np.ndarray]] | None = None
     old_logprobs_full: list[np.ndarray] | None = None
+    # under torchrun: a `rlpipe.training.share.RowShare`; the lists above then hold this rank's rows only,
+    # and loop indices (shuffles, minibatches) are rows of the whole iteration. None: one process, every row
+    rows: Any = None
 
     def policy_tokens(self, i: int) -> int:
         """Tokens of sequence i that enter the loss (its policy tokens)."""

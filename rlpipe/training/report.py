@@ -12,6 +12,7 @@ from rlpipe.data.io import atomic_path
 from rlpipe.data.lists import flat_values
 from rlpipe.errors import TrainingError
 from rlpipe.training.loop import TrainResult
+from rlpipe.training.share import Gather, sums_over_ranks
 
 STEP_COLUMNS = ("step", "epoch", "loss", "grad_norm", "lr", "sequences", "tokens", "approx_kl", "clip_fraction",
                 "dual_clip_fraction", "ratio_mean", "ratio_min", "ratio_max", "kl_ref", "entropy")
@@ -54,17 +55,24 @@ def _at_policy_tokens(frame: pl.DataFrame, old_logprobs: list[np.ndarray]) -> tu
     return sampler, old
 
 
-def sampler_mismatch(frame: pl.DataFrame, old_logprobs: list[np.ndarray]) -> dict[str, float]:
+def sampler_mismatch(frame: pl.DataFrame, old_logprobs: list[np.ndarray], gather: Gather | None = None
+                     ) -> dict[str, float]:
     """How far the sampler's log-probs are from the trainer's recomputed log pi_old (same weights).
 
     ALGORITHMS.md asks for this every iteration: numerics (bf16, kernels) and top-k/top-p
     renormalisation make them differ; a jump means the engines disagree.
     Only the policy's tokens count: an observation token of a multi-turn rollout has no sampler log-prob.
+    ``gather``: under torchrun, each rank passes its rows; every rank gets the figures of all of them.
     """
     sampler, old = _at_policy_tokens(frame, old_logprobs)
+    diff = np.abs(old - sampler)
+    if gather is not None:
+        total = sums_over_ranks({"count": int(diff.size), "sum": float(diff.sum()),
+                                 "diff_max": float(diff.max(initial=0.0))}, gather)
+        mean = total["sum"] / total["count"] if total["count"] else 0.0
+        return {"sampler_mismatch_mean_abs": mean, "sampler_mismatch_max_abs": total["diff_max"]}
     if sampler.size == 0:
         return {"sampler_mismatch_mean_abs": 0.0, "sampler_mismatch_max_abs": 0.0}
-    diff = np.abs(old - sampler)
     return {"sampler_mismatch_mean_abs": float(diff.mean()), "sampler_mismatch_max_abs": float(diff.max())}
 
 
@@ -88,7 +96,8 @@ def sampler_check_applies(*, staleness: int, sampling: dict[str, Any] | None, to
     return None
 
 
-def check_sampler(frame: pl.DataFrame, old_logprobs: list[np.ndarray], *, tolerance: float, policy: str) -> None:
+def check_sampler(frame: pl.DataFrame, old_logprobs: list[np.ndarray], *, tolerance: float, policy: str,
+                  gather: Gather | None = None) -> None:
     """Fail when the sampler's log-probs are not the trainer's: the rollouts came from other weights.
 
     Why: a sampler that never received the trained weights (a LoRA adapter left out of the request,
@@ -96,7 +105,7 @@ def check_sampler(frame: pl.DataFrame, old_logprobs: list[np.ndarray], *, tolera
     ran whole LoRA trainings like that. The mean over policy tokens is robust to a few tokens where
     bf16 kernels disagree (vLLM bf16: ~4e-3; HF float32: ~1e-7).
     """
-    m = sampler_mismatch(frame, old_logprobs)
+    m = sampler_mismatch(frame, old_logprobs, gather)
     if m["sampler_mismatch_mean_abs"] > tolerance:
         raise TrainingError(
             f"train.max_sampler_mismatch: the rollouts' sampler log-probs differ from the trainer's log pi_old by "
@@ -106,7 +115,8 @@ def check_sampler(frame: pl.DataFrame, old_logprobs: list[np.ndarray], *, tolera
             "generate (for a lower-precision sampler, raise train.max_sampler_mismatch)")
 
 
-def importance_weights(frame: pl.DataFrame, old_logprobs: list[np.ndarray], *, tis_cap: float | None) -> dict[str, float]:
+def importance_weights(frame: pl.DataFrame, old_logprobs: list[np.ndarray], *, tis_cap: float | None,
+                       gather: Gather | None = None) -> dict[str, float]:
     """The per-token importance weights pi_old / pi_sampler before truncation: the correction an
     overlapped (stale) or mismatched sampler needs (docs/overlap.md says how to read them).
 
@@ -114,9 +124,18 @@ def importance_weights(frame: pl.DataFrame, old_logprobs: list[np.ndarray], *, t
     policy moved in S versions. ``capped_fraction``: the share of tokens above ``train.tis_cap``.
     """
     sampler, old = _at_policy_tokens(frame, old_logprobs)
+    weights = np.exp(np.clip(old - sampler, -20.0, 20.0))
+    if gather is not None:
+        total = sums_over_ranks({"count": int(weights.size), "sum": float(weights.sum()),
+                                 "capped": int((weights > tis_cap).sum()) if tis_cap is not None else 0,
+                                 "weight_min": float(weights.min(initial=np.inf)),
+                                 "weight_max": float(weights.max(initial=-np.inf))}, gather)
+        if not total["count"]:
+            return {"is_weight_mean": 1.0, "is_weight_min": 1.0, "is_weight_max": 1.0, "is_weight_capped_fraction": 0.0}
+        return {"is_weight_mean": total["sum"] / total["count"], "is_weight_min": total["weight_min"],
+                "is_weight_max": total["weight_max"], "is_weight_capped_fraction": total["capped"] / total["count"]}
     if sampler.size == 0:
         return {"is_weight_mean": 1.0, "is_weight_min": 1.0, "is_weight_max": 1.0, "is_weight_capped_fraction": 0.0}
-    weights = np.exp(np.clip(old - sampler, -20.0, 20.0))
     return {"is_weight_mean": float(weights.mean()), "is_weight_min": float(weights.min()),
             "is_weight_max": float(weights.max()),
             "is_weight_capped_fraction": float((weights > tis_cap).mean()) if tis_cap is not None else 0.0}

@@ -72,3 +72,44 @@ def test_train_under_fsdp_matches_the_single_process_stage(project_copy, tmp_pat
     for key in ("loss_mean", "grad_norm_mean", "clip_fraction", "approx_kl_old", "entropy_old", "kl_ref"):
         assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-7), key
     assert not list((project_copy / ".rlpipe/resume").glob("train-*"))  # rank 0 cleared its resume state
+
+
+def test_each_rank_reads_only_its_share_of_the_rows(project_copy):
+    """Under torchrun read_inputs takes rows [start, stop) of every table: the ranks' frames are disjoint
+    blocks that together are the single process's frame, and each rank's trainer data is its block plus the
+    per-row numbers (trainable, policy tokens, length) of every row."""
+    from rlpipe.config import load_params
+    from rlpipe.distributed import Dist
+    from rlpipe.stages.train import TrainPaths, read_inputs, trainer_data
+
+    p = load_params(project_copy / "params.yaml")
+    a = lambda path: str(project_copy / path)  # noqa: E731
+    paths = TrainPaths(a(p.paths.rollouts), a(p.paths.scores), a(p.paths.ref_logprobs), a(p.paths.advantages), None,
+                       a(p.policy.latest_path), None, "unused", None, "unused", "unused", "unused")
+    whole = read_inputs(p, paths)
+    world = 3
+    shares = [read_inputs(p, paths, Dist(rank, world, rank)) for rank in range(world)]
+    heights = [s.frame.height for s in shares]
+    assert sum(heights) == whole.frame.height and max(heights) - min(heights) <= 1 and min(heights) > 0
+    assert [s.rows for s in shares] == [(0, heights[0]), (heights[0], heights[0] + heights[1]),
+                                        (heights[0] + heights[1], whole.frame.height)]
+    import polars as pl
+    assert pl.concat([s.frame for s in shares]).equals(whole.frame)
+
+    class Gathering(Dist):  # every rank's local per-row numbers, as torch's all_gather_object returns them
+        def gather(self, obj):
+            return [trainer_locals[r] for r in range(world)] if len(trainer_locals) == world else [obj]
+
+    single, single_steps = trainer_data(whole, p)
+    trainer_locals = [(single.trainable[s.rows[0]:s.rows[1]],
+                       np.array([single.policy_tokens(i) for i in range(*s.rows)]),
+                       np.array([len(single.prompt_token_ids[i]) + len(single.completion_token_ids[i])
+                                 for i in range(*s.rows)])) for s in shares]
+    data, steps = trainer_data(shares[1], p, Gathering(1, world, 1))
+    assert steps == single_steps
+    assert len(data.completion_token_ids) == heights[1]
+    np.testing.assert_array_equal(data.rows.trainable, single.trainable)
+    assert data.rows.lengths.sum() == sum(len(x) + len(y) for x, y in zip(single.prompt_token_ids,
+                                                                          single.completion_token_ids))
+    for mine, theirs in zip(data.completion_token_ids, single.completion_token_ids[heights[0]:]):
+        np.testing.assert_array_equal(mine, theirs)

@@ -18,8 +18,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from rlpipe.config import LoraConfig
 from rlpipe.distributed import Dist, finish, start
 from rlpipe.models.value_model import ScalarHeadModel
-from rlpipe.training.loop import train_policy
+from rlpipe.training import loop
+from rlpipe.training.loop import cut_micro_batches, train_policy
 from rlpipe.training.objective import Normalisers, micro_batch_loss
+from rlpipe.training.share import share_bounds, take_share
 from tests.training.test_loop import PAD, config, data
 
 WORLD = 2
@@ -31,7 +33,11 @@ ATOL = 1e-5  # fp32: the ranks' gradient sums are added in another order than on
 SCENARIOS = {
     "seq-mean-token-mean": ({}, dict(loss_aggregation="seq-mean-token-mean", micro_batch_size=2)),
     "token-mean, tied embeddings": ({"tied": True}, dict(loss_aggregation="token-mean", micro_batch_size=2)),
-    # 3 micro-batches: rank 1 runs one of its own and a zero-weighted pass
+    # each rank cuts its own 4 rows by a token cap: 3 micro-batches on one rank, 2 and a zero-weighted pass
+    # on the other
+    "token cap, uneven micro-batch counts": ({}, dict(micro_batch_size=3, max_tokens_per_micro_batch=16)),
+    # scope micro_batch: each micro-batch normalised by its own counts; compared with one process that cuts
+    # the same per-rank micro-batches (`per_rank_plan`)
     "micro_batch scope, odd micro-batch count": ({}, dict(token_mean_scope="micro_batch", micro_batch_size=3)),
     "ppo critic": ({"critic": True}, dict(micro_batch_size=2)),
     "bf16 autocast, gradient checkpointing": ({"tied": True, "checkpointing": True},
@@ -126,16 +132,36 @@ def step_gradients(options: dict, overrides: dict, dist: Dist | None) -> dict[st
     return {name: full(p.grad) for name, p in named if p.requires_grad}
 
 
+def per_rank_plan(minibatch, data, cfg, dist):
+    """One process's stand-in for `loop.micro_batch_plan` under WORLD ranks: each rank's own rows, cut."""
+    cuts = []
+    for rank in range(WORLD):
+        start, stop = share_bounds(len(data.prompt_token_ids), rank, WORLD)
+        cuts += cut_micro_batches([i for i in minibatch if start <= i < stop], data, cfg)
+    return cuts, len(cuts)
+
+
 def trained(options: dict, overrides: dict, dist: Dist | None, *, resume=None, save_state=None,
             poisoned: bool = False) -> dict:
+    """train_policy on the scenario; under ``dist`` each rank holds only its share of the rows."""
     cfg = config(**overrides)
     model, critic, sharded = build(options, dist)
-    result = train_policy(model, scenario_data(critic is not None, poisoned), cfg, temperature=0.7, pad_token_id=PAD, seed=3,
-                          iteration=0, max_length=6, critic=critic, dist=sharded, resume=resume, save_state=save_state,
-                          truncation=options.get("truncation"))
+    d = scenario_data(critic is not None, poisoned)
+    if dist is not None:
+        d = take_share(d, dist.rank, dist.world_size, dist.gather)
+    elif cfg.token_mean_scope == "micro_batch":
+        loop.micro_batch_plan, plan = per_rank_plan, loop.micro_batch_plan
+    try:
+        result = train_policy(model, d, cfg, temperature=0.7, pad_token_id=PAD, seed=3, iteration=0, max_length=6,
+                              critic=critic, dist=sharded, resume=resume, save_state=save_state,
+                              truncation=options.get("truncation"))
+    finally:
+        if dist is None and cfg.token_mean_scope == "micro_batch":
+            loop.micro_batch_plan = plan
     weights = model.state_dict() if sharded is None else sharded.state(model)[0]
-    return {"steps": result.steps, "metrics": result.metrics, "old": result.old_logprobs,
-            "entropy": result.old_entropy, "new": result.new_logprobs,
+    every = (lambda rows: rows) if sharded is None else sharded.concat  # each rank returns its own rows
+    return {"steps": result.steps, "metrics": result.metrics, "old": every(result.old_logprobs),
+            "entropy": every(result.old_entropy), "new": every(result.new_logprobs),
             "weights": {k: v.detach().clone() for k, v in weights.items()}}
 
 
@@ -210,11 +236,13 @@ def test_one_adamw_step_matches_one_process(both, name):
     (s,), (f,) = single["steps"], fsdp["steps"]
     assert s.keys() == f.keys()
     bf16 = dict(SCENARIOS[name][1]).get("dtype") == "bfloat16"
-    for key in s:  # loss and every health stat: the same micro-batches, combined in the same order
-        assert f[key] == pytest.approx(s[key], rel=1e-5, abs=1e-7 if not bf16 else 1e-4), key
-    # the log-probs before training come from the same packed batches on the same weights: identical
+    for key in s:  # loss and every health stat: the rank's micro-batches, combined rank by rank
+        # bf16: the ranks' micro-batches hold other rows than one process's, so bf16 rounds them otherwise
+        assert f[key] == pytest.approx(s[key], rel=1e-5 if not bf16 else 1e-3, abs=1e-7 if not bf16 else 1e-4), key
+    # the log-probs before training: each rank packs its own rows, so batches differ from one process's
+    assert len(single["old"]) == len(fsdp["old"]) == 8
     for a, b in zip(single["old"] + single["entropy"], fsdp["old"] + fsdp["entropy"]):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, b, atol=1e-5 if not bf16 else 2e-2)
     # Adam's first step is ~lr * sign(g): compare where the gradient is not negligible (as test_loop does)
     start = build(SCENARIOS[name][0], None)[0].state_dict()  # the same seeded start (adapters included)
     moved_any = False
@@ -223,10 +251,14 @@ def test_one_adamw_step_matches_one_process(both, name):
             moved = (w - start[key]).abs() > 1e-3
             if moved.any():  # frozen weights (LoRA's base) do not move
                 moved_any = True
-                close(fsdp["weights"][key][moved], w[moved])
+                if bf16:  # the few entries whose tiny gradient bf16 rounds to the other sign move the other way
+                    off = (fsdp["weights"][key][moved] - w[moved]).abs() > ATOL
+                    assert off.float().mean().item() <= 0.01, (key, off.sum().item())
+                else:
+                    close(fsdp["weights"][key][moved], w[moved])
     assert moved_any
     for a, b in zip(single["new"], fsdp["new"]):
-        np.testing.assert_allclose(a, b, atol=1e-4)
+        np.testing.assert_allclose(a, b, atol=1e-4 if not bf16 else 2e-2)  # bf16: 1/64 apart near -3
 
 
 def test_several_clipped_steps_match_one_process(both):
