@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from rlpipe.cluster import placement
 from rlpipe.cluster.connect import alive_node_resources, import_ray
 from rlpipe.cluster.node import ENV_ATTEMPT, ENV_NODE, ENV_NODE_ID, ENV_PLACED, NODE_VARIABLES
-from rlpipe.cluster.task import run_on_node
+from rlpipe.cluster.task import post_on_node, run_on_node
 from rlpipe.config import ClusterConfig, Params
 from rlpipe.errors import RlpipeError
 
@@ -30,7 +30,10 @@ from rlpipe.errors import RlpipeError
 # process and break MPI-aware libraries elsewhere; the node record is the node's own.
 _NOT_SENT_PREFIXES = ("RAY_", "SLURM_", "PMI_", "PMIX_", "OMPI_", "CUDA_VISIBLE_DEVICES", "RLPIPE_STAGE_SERVER")
 PLACEMENT_TIMEOUT_S = 600.0
+POLL_S = 0.2  # how often a Ray Client driver asks a node task's mailbox for its lines
 _REMOTE_FUNCTION: Any = None
+_POSTING_FUNCTION: Any = None
+_MAILBOX: Any = None
 
 
 class StageFailed(RlpipeError):
@@ -78,6 +81,7 @@ class ClusterExecutor:
         self.ran: dict[str, str] = {}  # stage -> node of its last run (what the benchmarks and tests read)
         self.address: str | None = None  # the cluster's address, for processes the driver starts (sampling ahead)
         self.warm = False  # a warm stage server on each node (worker.stage_server, unless `rlpipe run --no-servers`)
+        self.client = False  # connected through Ray Client (ray://): node tasks post their items to a mailbox
 
     def claims(self, stage: str) -> bool:
         return stage in self.cluster.stages
@@ -122,9 +126,15 @@ class ClusterExecutor:
 
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     group, placement_group_bundle_index=node_rank)
-            gens[node_rank] = _remote_function(ray).options(**options).remote(job)
+            if self.client:
+                mailbox = _mailbox_class(ray).remote()
+                gens[node_rank] = _posting_function(ray).options(**options).remote(job, mailbox)
+                drain, args = _drain_mailbox, (ray, gens[node_rank], mailbox, node_rank, events)
+            else:
+                gens[node_rank] = _remote_function(ray).options(**options).remote(job)
+                drain, args = _drain, (ray, gens[node_rank], node_rank, events)
             attempt.launched.add(node_rank)
-            threading.Thread(target=_drain, args=(ray, gens[node_rank], node_rank, events), daemon=True).start()
+            threading.Thread(target=drain, args=args, daemon=True).start()
 
         try:
             launch(0)
@@ -191,6 +201,35 @@ def _remote_function(ray):
     return _REMOTE_FUNCTION
 
 
+def _posting_function(ray):
+    """`post_on_node` as a Ray task without Ray's retries: a Ray Client driver's way to run a stage."""
+    global _POSTING_FUNCTION
+    if _POSTING_FUNCTION is None:
+        _POSTING_FUNCTION = ray.remote(max_retries=0)(post_on_node)
+    return _POSTING_FUNCTION
+
+
+class Mailbox:
+    """Where a node task posts its items for a Ray Client driver, which takes them in order."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple] = []
+
+    def put(self, item: tuple) -> None:
+        self.items.append(item)
+
+    def take(self) -> list[tuple]:
+        items, self.items = self.items, []
+        return items
+
+
+def _mailbox_class(ray):
+    global _MAILBOX
+    if _MAILBOX is None:
+        _MAILBOX = ray.remote(num_cpus=0, max_restarts=0)(Mailbox)
+    return _MAILBOX
+
+
 def _placement_group(ray, plan: placement.StagePlan):
     """One bundle per node, never two on one node, for a multi-node stage; None for a one-node stage."""
     if plan.nodes == 1:
@@ -218,6 +257,31 @@ def _drain(ray, gen, node_rank: int, events: queue.Queue) -> None:
     except ray.exceptions.RayError as e:
         events.put((node_rank, ("lost", type(e).__name__)))
     finally:
+        events.put((node_rank, ("done",)))
+
+
+def _drain_mailbox(ray, task, mailbox, node_rank: int, events: queue.Queue) -> None:
+    """`_drain` for a Ray Client driver: poll the task's mailbox until the task ends, then take what is left
+    and the task's own outcome (its error, or its node lost)."""
+    try:
+        while True:
+            done, _ = ray.wait([task], timeout=POLL_S)
+            for item in ray.get(mailbox.take.remote()):
+                events.put((node_rank, item))
+            if done:
+                ray.get(task)
+                break
+    except ray.exceptions.TaskCancelledError:
+        pass
+    except ray.exceptions.RayTaskError as e:
+        events.put((node_rank, ("exit", [1], f"the cluster task failed: {str(e).strip().splitlines()[-1]}")))
+    except ray.exceptions.RayError as e:
+        events.put((node_rank, ("lost", type(e).__name__)))
+    finally:
+        try:
+            ray.kill(mailbox)
+        except Exception:  # noqa: BLE001 - gone with its node
+            pass
         events.put((node_rank, ("done",)))
 
 
@@ -297,4 +361,5 @@ def open_executor(root: Path, params: Params, flag: str | None) -> ClusterExecut
         data = RemoteData(root, cluster.remote)
     executor = ClusterExecutor(cluster, data=data)
     executor.address, executor.warm = address, params.worker.stage_server
+    executor.client = address.startswith("ray://")
     return executor

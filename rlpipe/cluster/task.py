@@ -103,6 +103,18 @@ def run_on_node(job: dict[str, Any]) -> Iterator[tuple]:
     yield ("exit", codes)
 
 
+def post_on_node(job: dict[str, Any], mailbox: Any) -> None:
+    """`run_on_node` for a driver connected through Ray Client (``ray://``), which cannot consume a streaming
+    task: each item goes to ``mailbox`` (an actor the driver polls) as it happens, in order."""
+    import ray
+
+    last = None
+    for item in run_on_node(job):
+        last = mailbox.put.remote(item)
+    if last is not None:
+        ray.get(last)  # every item delivered before the task counts as finished
+
+
 def warm_server(project: str, env: dict[str, str], node_id: str) -> str:
     """The name (``@...``) of this node's warm stage server for ``project``, started now if none answers.
 

@@ -90,10 +90,10 @@ def pad_rows(rows: Sequence[np.ndarray], width: int, device: torch.device | str)
     Built on the host and copied through pinned memory (`to_device`): a plain copy would make the
     CPU wait for the GPU to finish everything queued before it.
     """
-    out = torch.zeros(len(rows), width, dtype=torch.float32)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.as_tensor(np.asarray(r, dtype=np.float32))
-    return to_device(out, device)
+    out = np.zeros((len(rows), width), dtype=np.float32)
+    for i, r in enumerate(rows):  # rows may be read-only views of the table's columns: copied, never wrapped
+        out[i, : len(r)] = r
+    return to_device(torch.from_numpy(out), device)
 
 
 def autocast(cfg: TrainConfig):
