@@ -34,16 +34,15 @@ def client_address():
                              "--port", str(gcs), "--ray-client-server-port", str(client), "--include-dashboard",
                              "false", "--object-store-memory", str(80 * 2**20), "--node-ip-address", "127.0.0.1"],
                             env={**cluster_env(), **RAY_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # ready once a Ray Client driver sees the node's resources (the client port opens before the node registers)
+    probe = [sys.executable, "-c", f"import ray; ray.init('ray://127.0.0.1:{client}'); "
+                                   "assert ray.cluster_resources().get('trainer') == 1"]
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", client), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or head.poll() is not None:
-                    raise RuntimeError("the Ray head with a client server did not start") from None
-                time.sleep(0.5)
+        deadline = time.monotonic() + 180
+        while subprocess.run(probe, env=cluster_env(), capture_output=True).returncode != 0:
+            if time.monotonic() > deadline or head.poll() is not None:
+                raise RuntimeError("the Ray head with a client server did not start")
+            time.sleep(1)
         yield f"ray://127.0.0.1:{client}"
     finally:
         head.terminate()
