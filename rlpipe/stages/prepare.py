@@ -16,7 +16,10 @@ from typing import Any, Sequence
 import polars as pl
 
 from rlpipe.config import PrepareConfig, PromptFilesConfig
+from rlpipe.data.conversation import (CONVERSATIONAL, checked_messages, prompt_format, require_chat_template,
+                                      same_format)
 from rlpipe.data.io import read_table_file
+from rlpipe.data.schema import PROMPT_MESSAGES_KEY
 from rlpipe.errors import ArtifactError, ConfigError
 
 
@@ -29,10 +32,17 @@ def use_chat_template(tokenizer: Any, mode: str) -> bool:
 
 def tokenize_prompt(prompt: Any, tokenizer: Any, *, max_prompt_tokens: int, chat_template: bool,
                     where: str) -> tuple[str, list[int]]:
-    """(text after the chat template, its token ids); errors name ``where`` (file and row)."""
-    if not isinstance(prompt, str) or not prompt:
+    """(text after the chat template, its token ids); errors name ``where`` (file and row).
+
+    ``prompt``: a string, or a conversational prompt's messages (`rlpipe.data.conversation`), which the
+    chat template renders as they are, with the generation prompt added.
+    """
+    if isinstance(prompt, list):
+        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    elif not isinstance(prompt, str) or not prompt:
         raise ArtifactError(f"{where}: prompt must be a non-empty string, got {prompt!r}")
-    if chat_template:
+    elif chat_template:
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
         token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -67,12 +77,23 @@ def prompt_table(rows: Sequence[dict[str, Any]], tokenizer: Any, *, max_prompt_t
     })
 
 
-def read_prompt_rows(path: str | Path, cfg: PromptFilesConfig) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class PromptFile:
+    """A user's prompt file as prepare reads it: its rows, its columns and its format (TRL's standard or
+    conversational, `rlpipe.data.conversation`)."""
+
+    rows: list[dict[str, Any]]
+    columns: list[str]
+    format: str
+
+
+def read_prompt_rows(path: str | Path, cfg: PromptFilesConfig) -> PromptFile:
     """A user's prompt file (Parquet, JSONL or CSV) as {prompt, answer, metadata} rows.
 
     Every column of the file, the prompt and answer columns included, is kept as per-row metadata
     under its own name for reward functions (unit tests of a coding task; the raw prompt, as
-    written before the chat template; a TRL-style reward's column arguments).
+    written before the chat template; a TRL-style reward's column arguments). A conversational
+    prompt is its list of messages, there and in ``prompt``.
     """
     frame = read_table_file(path)
     if frame.height == 0:
@@ -80,17 +101,17 @@ def read_prompt_rows(path: str | Path, cfg: PromptFilesConfig) -> list[dict[str,
     for key, col in (("prompt_column", cfg.prompt_column), ("answer_column", cfg.answer_column)):
         if col is not None and col not in frame.columns:
             raise ArtifactError(f"{path}: no column {col!r} (prepare.files.{key}); columns are {frame.columns}")
-    if frame.schema[cfg.prompt_column] != pl.String:
-        raise ArtifactError(f"{path}: column {cfg.prompt_column!r} must hold strings, "
-                            f"has {frame.schema[cfg.prompt_column]}")
+    fmt = prompt_format(frame, cfg.prompt_column, path)
     rows = []
-    for rec in frame.iter_rows(named=True):
+    for i, rec in enumerate(frame.iter_rows(named=True)):
+        if fmt == CONVERSATIONAL:
+            rec[cfg.prompt_column] = checked_messages(rec[cfg.prompt_column], f"{path}: row {i}")
         rows.append({
             "prompt": rec[cfg.prompt_column],
             "answer": rec[cfg.answer_column] if cfg.answer_column else None,
             "metadata": dict(rec),
         })
-    return rows
+    return PromptFile(rows, frame.columns, fmt)
 
 
 PREFERENCE_COLUMNS = ("prompt", "chosen", "rejected")
@@ -171,6 +192,7 @@ class Sources:
     preferences_source: str | None  # the preference file or what built the pairs; None: no preference file
     chat_template: bool
     metrics: dict[str, Any] = field(default_factory=dict)  # what building the tiny default measured
+    messages_field: str | None = None  # conversational prompts: the metadata field of their messages
 
 
 def build_tiny_sources(cfg: PrepareConfig, *, seed: int, model_dir: str) -> Sources:
@@ -187,17 +209,40 @@ def build_tiny_sources(cfg: PrepareConfig, *, seed: int, model_dir: str) -> Sour
                    "tiny task (preferences)", chat, tiny_metrics)
 
 
-def read_file_sources(cfg: PrepareConfig) -> Sources:
-    """The user's prompt files (and optional preference file), with the tokenizer they are prepared with."""
+def read_file_sources(cfg: PrepareConfig, *, rewards: Sequence[Any] = ()) -> Sources:
+    """The user's prompt files (and optional preference file), with the tokenizer they are prepared with.
+
+    Refused here, before anything is written: conversational prompts the tokenizer cannot render, train
+    and eval files of different formats, and a column a reward in ``rewards`` (score.rewards) needs that
+    either file lacks (`rlpipe.rewards.columns`).
+    """
     from rlpipe.models.loading import load_tokenizer
+    from rlpipe.rewards.columns import check_reward_columns
 
     files = cfg.files
     tokenizer = load_tokenizer(files.tokenizer_path)
-    train_rows = read_prompt_rows(files.train, files)
-    eval_rows = read_prompt_rows(files.eval, files)
+    train, held_out = read_prompt_rows(files.train, files), read_prompt_rows(files.eval, files)
+    fmt = same_format({files.train: train.format, files.eval: held_out.format})
+    if fmt == CONVERSATIONAL:
+        require_chat_template(tokenizer, model_dir=files.tokenizer_path, source=files.train, mode=files.chat_template)
+    try:
+        check_reward_columns(rewards, {files.train: train.columns, files.eval: held_out.columns},
+                             answer_column=files.answer_column)
+    except ValueError as e:
+        raise ConfigError(f"score.rewards: {e}") from None
     pref_rows = read_preference_rows(files.preferences) if files.preferences is not None else []
-    return Sources(tokenizer, train_rows, eval_rows, pref_rows, (files.train, files.eval), files.preferences,
-                   use_chat_template(tokenizer, files.chat_template))
+    return Sources(tokenizer, train.rows, held_out.rows, pref_rows, (files.train, files.eval), files.preferences,
+                   fmt == CONVERSATIONAL or use_chat_template(tokenizer, files.chat_template),
+                   messages_field=files.prompt_column if fmt == CONVERSATIONAL else None)
+
+
+def prompt_footer(sources: Sources, split: str) -> dict[str, Any]:
+    """A prompt table's footer metadata; the messages' field only for conversational prompts (the standard
+    format's tables keep their bytes)."""
+    footer: dict[str, Any] = {"split": split, "chat_template": sources.chat_template}
+    if sources.messages_field is not None:
+        footer[PROMPT_MESSAGES_KEY] = sources.messages_field
+    return footer
 
 
 def tables(sources: Sources, *, max_prompt_tokens: int) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
