@@ -16,8 +16,8 @@ from typing import Any, Sequence
 import polars as pl
 
 from rlpipe.config import PrepareConfig, PromptFilesConfig
-from rlpipe.data.conversation import (CONVERSATIONAL, checked_messages, prompt_format, require_chat_template,
-                                      same_format)
+from rlpipe.data.conversation import (CONVERSATIONAL, checked_messages, column_format, prompt_format,
+                                      require_chat_template, same_format)
 from rlpipe.data.io import read_table_file
 from rlpipe.data.schema import PROMPT_MESSAGES_KEY
 from rlpipe.errors import ArtifactError, ConfigError
@@ -154,18 +154,26 @@ def preference_table(rows: Sequence[dict[str, Any]], tokenizer: Any, *, max_prom
 
 
 def read_preference_rows(path: str | Path) -> list[dict[str, Any]]:
-    """A user's preference file (Parquet or JSONL) with string columns prompt, chosen, rejected.
+    """A user's preference file (Parquet or JSONL) in either of TRL's formats, as {prompt, chosen, rejected} rows.
 
-    Other columns are ignored. Every pair needs all three texts; an empty file is an error (set
-    ``prepare.files.preferences: null`` when there is no preference data).
+    Standard: ``prompt``, ``chosen``, ``rejected`` strings. Conversational: ``prompt`` a list of messages,
+    ``chosen`` and ``rejected`` each the assistant's reply as a one-message list; the row's ``prompt``
+    is then the message list (the chat template renders it), chosen and rejected the replies' text.
+    Without a ``prompt`` column (TRL's implicit prompt) the prompt is what chosen and rejected share:
+    their leading text, or every message but the last (`implicit_prompt`). Other columns are ignored;
+    every pair needs every text, and an empty file is an error (set ``prepare.files.preferences:
+    null`` when there is no preference data).
     """
     frame = read_table_file(path)
-    for col in PREFERENCE_COLUMNS:
+    columns = [c for c in PREFERENCE_COLUMNS if c != "prompt" or "prompt" in frame.columns]
+    for col in PREFERENCE_COLUMNS[1:]:
         if col not in frame.columns:
             raise ArtifactError(f"{path}: no column {col!r} (prepare.files.preferences needs columns "
-                                f"{list(PREFERENCE_COLUMNS)}); columns are {frame.columns}")
-        if frame.schema[col] != pl.String:
-            raise ArtifactError(f"{path}: column {col!r} must hold strings, has {frame.schema[col]}")
+                                f"{list(PREFERENCE_COLUMNS)}, prompt optional); columns are {frame.columns}")
+    for col in columns:
+        if column_format(frame.schema[col]) is None:
+            raise ArtifactError(f"{path}: column {col!r} must hold strings or lists of {{role, content}} "
+                                f"messages, has {frame.schema[col]}")
         nulls = frame[col].null_count()
         if nulls:
             first = frame.with_row_index().filter(pl.col(col).is_null())["index"][0]
@@ -173,7 +181,51 @@ def read_preference_rows(path: str | Path) -> list[dict[str, Any]]:
     if frame.height == 0:
         raise ArtifactError(f"{path}: no preference pairs (empty file); set prepare.files.preferences: null "
                             "when there are none")
-    return list(frame.select(PREFERENCE_COLUMNS).iter_rows(named=True))
+    return [preference_row(row, f"{path}: row {i}") for i, row in enumerate(frame.select(columns).iter_rows(named=True))]
+
+
+def preference_row(row: dict[str, Any], where: str) -> dict[str, Any]:
+    """One pair as {prompt, chosen, rejected}: the prompt a string or messages, chosen and rejected the replies' text."""
+    if "prompt" not in row:
+        row = implicit_prompt(row, where)
+    prompt = row["prompt"]
+    if not isinstance(prompt, str):
+        prompt = checked_messages(prompt, where)
+    return {"prompt": prompt, "chosen": reply_text(row["chosen"], f"{where}: chosen"),
+            "rejected": reply_text(row["rejected"], f"{where}: rejected")}
+
+
+def reply_text(reply: Any, where: str) -> str:
+    """A completion's text: a string as it is, or a conversational reply's one assistant message's content."""
+    if isinstance(reply, str):
+        return reply
+    messages = checked_messages(reply, where)
+    if len(messages) != 1 or messages[0]["role"] != "assistant":
+        raise ArtifactError(f"{where}: must be one assistant message, as TRL's conversational preference format "
+                            f"has it, got {messages!r}")
+    return messages[0]["content"]
+
+
+def implicit_prompt(row: dict[str, Any], where: str) -> dict[str, Any]:
+    """A pair without a prompt column split into prompt and replies: conversations share every message but their
+    last, the assistant's reply; strings share their leading text, cut back to just after a space."""
+    chosen, rejected = row["chosen"], row["rejected"]
+    if isinstance(chosen, str) != isinstance(rejected, str):
+        raise ArtifactError(f"{where}: chosen and rejected must both be strings or both be message lists")
+    if not isinstance(chosen, str):
+        chosen, rejected = checked_messages(chosen, f"{where}: chosen"), checked_messages(rejected, f"{where}: rejected")
+        if len(chosen) < 2 or chosen[:-1] != rejected[:-1]:
+            raise ArtifactError(f"{where}: without a prompt column, chosen and rejected must be the same "
+                                "conversation up to their last message (the prompt), then differ in it")
+        return {"prompt": chosen[:-1], "chosen": chosen[-1:], "rejected": rejected[-1:]}
+    shared = 0
+    while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+        shared += 1
+    cut = chosen.rfind(" ", 0, shared) + 1 if shared < len(chosen) and chosen[shared - 1:shared] != " " else shared
+    if cut == 0:
+        raise ArtifactError(f"{where}: without a prompt column, chosen and rejected must begin with the same "
+                            "text (the prompt); these share none")
+    return {"prompt": chosen[:cut], "chosen": chosen[cut:], "rejected": rejected[cut:]}
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,6 +283,9 @@ def read_file_sources(cfg: PrepareConfig, *, rewards: Sequence[Any] = ()) -> Sou
     except ValueError as e:
         raise ConfigError(f"score.rewards: {e}") from None
     pref_rows = read_preference_rows(files.preferences) if files.preferences is not None else []
+    if any(isinstance(row["prompt"], list) for row in pref_rows):
+        require_chat_template(tokenizer, model_dir=files.tokenizer_path, source=files.preferences,
+                              mode=files.chat_template)
     return Sources(tokenizer, train.rows, held_out.rows, pref_rows, (files.train, files.eval), files.preferences,
                    fmt == CONVERSATIONAL or use_chat_template(tokenizer, files.chat_template),
                    messages_field=files.prompt_column if fmt == CONVERSATIONAL else None)
