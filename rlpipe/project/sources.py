@@ -180,7 +180,7 @@ def check_columns(name: str, fn: Callable[..., Any], columns_by_file: dict[str, 
     try:
         missing_columns(name, needed, columns_by_file, answer_column)
     except ValueError as e:
-        raise ConfigError(f"--reward {e}") from None
+        raise ConfigError(str(e)) from None
 
 
 def _yaml_value(value: Any) -> Any:
