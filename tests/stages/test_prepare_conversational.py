@@ -184,3 +184,36 @@ def test_conversational_preferences_are_tokenized_through_the_chat_template(file
                               train=str(files / "s.parquet"), eval=str(files / "s.parquet"))
     with pytest.raises(ConfigError, match=r"p.jsonl holds conversational prompts .* has no chat template"):
         read_file_sources(standard_prompts)
+
+
+# ---------------------------------------------------------------- the stage script: footers, exit codes
+
+
+def stage_params(files: Path, **updates) -> dict:
+    return {"prepare.source": "files", "prepare.max_prompt_tokens": 64,
+            "prepare.files.train": str(files / "train.parquet"), "prepare.files.eval": str(files / "eval.parquet"),
+            "prepare.files.tokenizer_path": str(files / "model"), "prepare.files.answer_column": "solution",
+            **updates}
+
+
+def test_the_stage_writes_the_messages_field_in_both_footers(files):
+    from rlpipe.data.io import read_artifact
+    from rlpipe.data.schema import PROMPTS
+    from tests.stages.test_prepare_preferences import run_prepare
+
+    code, output, out = run_prepare(files, stage_params(files))
+    assert code == 0, output
+    for split in ("train", "eval"):
+        assert read_artifact(out / f"{split}.parquet", PROMPTS).metadata[PROMPT_MESSAGES_KEY] == "prompt"
+
+
+def test_the_stage_exits_non_zero_naming_the_missing_template_or_column(files, reward_module):
+    from tests.stages.test_prepare_preferences import run_prepare
+
+    code, output, _ = run_prepare(files, stage_params(files, **{"prepare.files.tokenizer_path": str(files / "plain")}))
+    assert code != 0 and "has no chat template" in output and str(files / "plain") in output
+    rewards = {"score.rewards": [{"name": "lvl_rewards:by_level", "weight": 1.0, "options": {}}],
+               "score.accuracy_reward": "lvl_rewards:by_level"}
+    code, output, _ = run_prepare(files, stage_params(files, **rewards))
+    assert code != 0 and "reward 'lvl_rewards:by_level' needs column(s) 'level'" in output
+    assert "eval.parquet lacks" in output
