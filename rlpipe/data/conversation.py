@@ -61,6 +61,16 @@ def checked_messages(value: Any, where: str) -> list[dict[str, Any]]:
     return messages
 
 
+def ends_with_reply(messages: list[dict[str, Any]]) -> bool:
+    """True when the last message is the assistant's: a reply begun for the model to continue (TRL's
+    "bootstrap"), rendered without a new generation prompt; rewards see it as the start of the completion.
+
+    >>> ends_with_reply([{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "It is"}])
+    True
+    """
+    return bool(messages) and messages[-1].get("role") == "assistant"
+
+
 def same_format(formats: dict[Any, str]) -> str:
     """The one format of every prompt file (train, eval); an error naming each file's when they differ.
 

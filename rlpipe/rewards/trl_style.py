@@ -8,7 +8,8 @@ arguments, as TRL calls it:
 * ``prompts``: the prompt text the model saw (after the chat template), one per row; for a
   conversational prompt file, the prompt's list of ``{role, content}`` messages, as the file gave them;
 * ``completions``: the completion text (multi-turn: the final model turn); for a conversational
-  file, as TRL passes it: a one-message list ``[{"role": "assistant", "content": text}]``;
+  file, as TRL passes it: a one-message list ``[{"role": "assistant", "content": text}]`` (a prompt
+  that ends with a begun assistant reply gives that reply's text to the completion, `conversation`);
 * ``completion_ids``: the completion's token ids (EOS included when produced);
 * ``answer``: the ground truth (the file's answer column), unless the file has a column of that name;
 * every column of the prompt file by its own name (the raw prompt and answer columns included,
@@ -74,9 +75,8 @@ def trl_arguments(samples: Sequence[Sample]) -> dict[str, list]:
     """
     conversational = bool(samples) and samples[0].prompt_messages is not None
     args: dict[str, list] = {
-        "prompts": [list(s.prompt_messages) if conversational else s.prompt for s in samples],
-        "completions": [[{"role": "assistant", "content": s.completion}] if conversational else s.completion
-                        for s in samples],
+        "prompts": [conversation(s)[0] if conversational else s.prompt for s in samples],
+        "completions": [conversation(s)[1] if conversational else s.completion for s in samples],
         "completion_ids": [None if s.completion_token_ids is None else list(s.completion_token_ids)
                            for s in samples],
     }
@@ -85,6 +85,19 @@ def trl_arguments(samples: Sequence[Sample]) -> dict[str, list]:
         if column not in args:
             args[column] = [s.metadata.get(column, s.answer if column == "answer" else None) for s in samples]
     return args
+
+
+def conversation(sample: Sample) -> tuple[list[dict], list[dict]]:
+    """A conversational sample's (prompt messages, completion messages) as TRL's GRPOTrainer builds them: a prompt
+    ending with an assistant message (a reply begun for the model) gives that text to the completion.
+
+    >>> begun = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "It is "}]
+    >>> conversation(Sample("...", "4", None, {}, 1, False, prompt_messages=begun))
+    ([{'role': 'user', 'content': '2+2?'}], [{'role': 'assistant', 'content': 'It is 4'}])
+    """
+    messages = list(sample.prompt_messages)
+    begun = messages.pop()["content"] if messages and messages[-1]["role"] == "assistant" else ""
+    return messages, [{"role": "assistant", "content": begun + sample.completion}]
 
 
 def trl_adapter(fn: Callable[..., Any], name: str) -> Callable[..., Any]:

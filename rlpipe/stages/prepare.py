@@ -16,8 +16,8 @@ from typing import Any, Sequence
 import polars as pl
 
 from rlpipe.config import PrepareConfig, PromptFilesConfig
-from rlpipe.data.conversation import (CONVERSATIONAL, checked_messages, column_format, prompt_format,
-                                      require_chat_template, same_format)
+from rlpipe.data.conversation import (CONVERSATIONAL, checked_messages, column_format, ends_with_reply,
+                                      prompt_format, require_chat_template, same_format)
 from rlpipe.data.io import read_table_file
 from rlpipe.data.schema import PROMPT_MESSAGES_KEY
 from rlpipe.errors import ArtifactError, ConfigError
@@ -35,10 +35,13 @@ def tokenize_prompt(prompt: Any, tokenizer: Any, *, max_prompt_tokens: int, chat
     """(text after the chat template, its token ids); errors name ``where`` (file and row).
 
     ``prompt``: a string, or a conversational prompt's messages (`rlpipe.data.conversation`), which the
-    chat template renders as they are, with the generation prompt added.
+    chat template renders as they are, with the generation prompt added; a list ending with an assistant
+    message is a reply begun for the model, continued where it stops (as TRL does).
     """
     if isinstance(prompt, list):
-        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        prefilled = ends_with_reply(prompt)
+        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=not prefilled,
+                                             continue_final_message=prefilled)
         token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     elif not isinstance(prompt, str) or not prompt:
         raise ArtifactError(f"{where}: prompt must be a non-empty string, got {prompt!r}")

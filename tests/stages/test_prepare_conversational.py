@@ -41,7 +41,7 @@ def files(tmp_path):
 def config(files: Path, **kw) -> PrepareConfig:
     base = dict(train=str(files / "train.parquet"), eval=str(files / "eval.parquet"), tokenizer_path=str(files / "model"),
                 prompt_column="prompt", answer_column="solution", chat_template="auto", preferences=None)
-    return PrepareConfig(source="files", max_prompt_tokens=64, tiny=None, files=PromptFilesConfig(**{**base, **kw}))
+    return PrepareConfig(source="files", max_prompt_tokens=96, tiny=None, files=PromptFilesConfig(**{**base, **kw}))
 
 
 def test_messages_are_rendered_with_the_generation_prompt_and_kept_for_rewards(files):
@@ -217,3 +217,12 @@ def test_the_stage_exits_non_zero_naming_the_missing_template_or_column(files, r
     code, output, _ = run_prepare(files, stage_params(files, **rewards))
     assert code != 0 and "reward 'lvl_rewards:by_level' needs column(s) 'level'" in output
     assert "eval.parquet lacks" in output
+
+
+def test_a_prompt_ending_with_an_assistant_message_is_continued_not_answered_anew(files):
+    """TRL's "bootstrap": a begun reply is rendered without a new generation prompt, for the model to continue."""
+    begun = chats(["ab"])[0] + [{"role": "assistant", "content": "the word is"}]
+    pl.DataFrame({"prompt": [begun], "solution": ["ba"]}).write_parquet(files / "begun.parquet")
+    sources = read_file_sources(config(files, train=str(files / "begun.parquet"), eval=str(files / "begun.parquet")))
+    assert tables(sources, max_prompt_tokens=96)[0]["prompt"].to_list() == [
+        "[system]answer in one word;[user]reverse ab;[assistant]the word is"]
