@@ -74,11 +74,20 @@ def init(directory: str = typer.Argument(..., help="the new project's directory 
         _fail(e)
     typer.echo(f"wrote {report.root}: {report.num_train} train and {report.num_eval} eval prompts, "
                "model in models/base, git and DVC initialised")
+    typer.echo(PROMPT_FORMAT_LINES[report.prompt_format])
     typer.echo(_offline_plots(report.root))
     if report.unset_options:
         typer.echo("next: fill in your reward's options in params.yaml (score.rewards, marked FILL_IN): "
                    + "; ".join(report.unset_options))
     typer.echo(f"then: cd {report.root} && dvc repro   (one iteration; then `rlpipe iterate`, or `rlpipe run -n N`)")
+
+
+PROMPT_FORMAT_LINES = {
+    "standard": "prompts: standard format (each prompt a string; rewards get prompts and completions as strings)",
+    "conversational": "prompts: conversational format (each prompt a list of {role, content} messages, rendered "
+                      "with the model's chat template; rewards get message lists, completions as "
+                      '[{"role": "assistant", "content": ...}], as under TRL)',
+}
 
 
 def _offline_plots(root) -> str:

@@ -13,8 +13,8 @@ import sys
 import typer
 
 from rlpipe.config import load_params
-from rlpipe.data.io import read_policy_version, write_artifact
-from rlpipe.data.schema import EVAL_ROLLOUTS
+from rlpipe.data.io import read_metadata, read_policy_version, write_artifact
+from rlpipe.data.schema import EVAL_ROLLOUTS, PROMPT_MESSAGES_KEY
 from rlpipe.models.loading import setup_torch
 from rlpipe.stages.evaluate import evaluate_policy, greedy_engine, read_inputs
 
@@ -42,7 +42,8 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         frame, m = evaluate_policy(engine, inputs.prompts, cfg=cfg, score_cfg=p.score,
                                    policy_version=-1 if version is None else version,
                                    decode=lambda ids: inputs.tokenizer.decode(ids, skip_special_tokens=True),
-                                   multi_turn=inputs.multi_turn)
+                                   multi_turn=inputs.multi_turn,
+                                   messages_field=read_metadata(prompts).get(PROMPT_MESSAGES_KEY))
         if hasattr(engine, "close"):
             engine.close()  # vllm: stop its worker processes here; stage.run ends with os._exit
     with timer.phase("write"):

@@ -44,12 +44,12 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
             sources = prepare.build_tiny_sources(cfg, seed=p.seed, model_dir=model_dir)
     else:
         with timer.phase("read"):
-            sources = prepare.read_file_sources(cfg)
+            sources = prepare.read_file_sources(cfg, rewards=p.score.rewards)
     chat = sources.chat_template
     with timer.phase("write"):
         train, held_out, prefs = prepare.tables(sources, max_prompt_tokens=cfg.max_prompt_tokens)
-        write_artifact(train, train_prompts, PROMPTS, metadata={"split": "train", "chat_template": chat})
-        write_artifact(held_out, eval_prompts, PROMPTS, metadata={"split": "eval", "chat_template": chat})
+        write_artifact(train, train_prompts, PROMPTS, metadata=prepare.prompt_footer(sources, "train"))
+        write_artifact(held_out, eval_prompts, PROMPTS, metadata=prepare.prompt_footer(sources, "eval"))
         write_artifact(prefs, preferences, PREFERENCES, metadata={"source": sources.preferences_source,
                                                                   "chat_template": chat})
     m = {"source": cfg.source, **sources.metrics, "num_train_prompts": train.height,

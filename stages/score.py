@@ -9,7 +9,7 @@ import typer
 
 from rlpipe.config import load_params
 from rlpipe.data.io import read_artifact, stream_artifact, write_artifact
-from rlpipe.data.schema import PROMPTS, ROLLOUTS, SCORES
+from rlpipe.data.schema import PROMPT_MESSAGES_KEY, PROMPTS, ROLLOUTS, SCORES
 from rlpipe.progress import stage_progress
 from rlpipe.stages.score import rows_to_score, score_batches, scored_rollout_columns
 
@@ -28,12 +28,14 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         cfg = load_params(params).score
     with timer.phase("read"):  # the prompts; the rollouts are read a batch at a time while scoring
         roll = stream_artifact(rollouts, ROLLOUTS, columns=scored_rollout_columns(cfg))
-        prompt_table = read_artifact(prompts, PROMPTS).frame
+        prompt_artifact = read_artifact(prompts, PROMPTS)
+        prompt_table = prompt_artifact.frame
     with timer.phase("compute"):
         batches = (rows_to_score(batch, prompt_table, rollouts_path=rollouts, prompts_path=prompts)
                    for batch in roll.batches)
         with stage_progress("score", total=roll.num_rows, unit="rows") as advance:
-            scores, m = score_batches(batches, cfg, progress=advance)
+            scores, m = score_batches(batches, cfg, progress=advance,
+                                      messages_field=prompt_artifact.metadata.get(PROMPT_MESSAGES_KEY))
     with timer.phase("write"):
         write_artifact(scores, out, SCORES, metadata={"policy_version": roll.metadata.get("policy_version")})
     stage.write_metrics(metrics, "score", m, timer)

@@ -27,6 +27,10 @@ import polars as pl
 
 SCHEMA_VERSION = 2  # 2: the multi-turn columns of rollouts and eval_rollouts (policy_mask, turns, tools)
 METADATA_KEY = "rlpipe"  # Parquet key-value metadata entry holding {"artifact", "schema_version", ...}
+# In a prompt table's footer metadata, for a conversational prompt file only (TRL's format: each prompt a list
+# of {role, content} messages): the `metadata` field holding each prompt's messages, as the file gave them.
+# Absent for a standard file (prompt strings), so that those tables keep their bytes.
+PROMPT_MESSAGES_KEY = "prompt_messages"
 
 TOKEN_IDS = pl.List(pl.Int32)
 TOKEN_FLOATS = pl.List(pl.Float32)
@@ -56,6 +60,7 @@ class ArtifactSchema:
     dynamic_prefix: str | None = None
     dynamic_dtype: pl.DataType | None = None
     dynamic_doc: str = ""
+    footer: tuple[tuple[str, str], ...] = ()  # (key, meaning) of optional entries in the footer metadata
     column_by_name: dict[str, Column] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -90,11 +95,15 @@ PROMPTS = ArtifactSchema(
     keys=("prompt_id",),
     columns=(
         PROMPT_ID,
-        Column("prompt", pl.String, "Prompt text after the chat template, i.e. what was tokenized."),
+        Column("prompt", pl.String, "Prompt text after the chat template, i.e. what was tokenized (a conversational "
+               "file's messages rendered with the generation prompt added)."),
         Column("prompt_token_ids", TOKEN_IDS, "Token ids of `prompt`, special tokens included."),
         Column("answer", pl.String, "Ground truth for verifiable rewards; null when the task has none.", nullable=True),
-        Column("metadata", pl.String, "JSON object of extra per-prompt fields for reward functions ('{}' if none)."),
+        Column("metadata", pl.String, "JSON object of extra per-prompt fields for reward functions ('{}' if none): "
+               "every column of the user's file, a conversational prompt's message list included."),
     ),
+    footer=((PROMPT_MESSAGES_KEY, "conversational files only: the `metadata` field holding each prompt's "
+                                  "{role, content} messages (the file's prompt column)"),),
 )
 
 POLICY_MASK = Column(
@@ -312,4 +321,6 @@ def markdown_table() -> str:
         if s.dynamic_prefix:
             out.append(f"| `{s.dynamic_prefix}<name>` | {s.dynamic_dtype} | yes | no | {s.dynamic_doc} |")
         out.append("")
+        if s.footer:
+            out += [f"Footer metadata: {'; '.join(f'`{key}`: {doc}' for key, doc in s.footer)}.", ""]
     return "\n".join(out)

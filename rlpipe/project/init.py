@@ -17,7 +17,8 @@ import yaml
 
 from rlpipe.config import UNSET_OPTION, load_params
 from rlpipe.data.io import atomic_path
-from rlpipe.errors import ConfigError
+from rlpipe.data.conversation import CONVERSATIONAL, same_format
+from rlpipe.errors import ArtifactError, ConfigError
 from rlpipe.project import pipeline, sources
 
 MODEL_DIR = "models/base"
@@ -48,6 +49,7 @@ class InitReport:
     rewards: tuple[sources.UserReward, ...]
     num_train: int
     num_eval: int
+    prompt_format: str  # "standard" or "conversational" (rlpipe.data.conversation)
 
     @property
     def unset_options(self) -> list[str]:
@@ -98,8 +100,16 @@ def _fill(root: Path, template: Path, *, model, train, eval_, rewards, prompt_co
     given = {"train": train, "eval": eval_}
     tables = {split: sources.read_prompt_table(f, prompt_column, answer_column, source=given[split])
               for split, f in files.items()}
-    sources.copy_model(model, root / MODEL_DIR)
-    user_rewards = tuple(sources.import_reward(name, root, columns=tables["train"].columns, source_dir=reward_source)
+    try:
+        prompt_format = same_format({given[split]: sources.prompt_file_format(table, prompt_column, given[split])
+                                     for split, table in tables.items()})
+    except ArtifactError as e:
+        raise ConfigError(str(e)) from None
+    sources.copy_model(model, root / MODEL_DIR, chat_template=chat_template,
+                       prompts=given["train"] if prompt_format == CONVERSATIONAL else None)
+    columns_by_file = {str(given[split]): table.columns for split, table in tables.items()}
+    user_rewards = tuple(sources.import_reward(name, root, columns=tables["train"].columns, source_dir=reward_source,
+                                               columns_by_file=columns_by_file, answer_column=answer_column)
                          for name in rewards)
     reward_files = sorted({f for r in user_rewards for f in r.files})
     per_iteration = yaml.safe_load((template / "params.yaml").read_text())["generate"]["prompts_per_iteration"]
@@ -118,7 +128,7 @@ def _fill(root: Path, template: Path, *, model, train, eval_, rewards, prompt_co
     if not _unset(user_rewards):
         load_params(root / "params.yaml")  # the written file passes the strict loader (unless options wait)
     return InitReport(root=root, rewards=user_rewards, num_train=tables["train"].height,
-                      num_eval=tables["eval"].height)
+                      num_eval=tables["eval"].height, prompt_format=prompt_format)
 
 
 def refresh_stages(dest: str | Path) -> list[str]:

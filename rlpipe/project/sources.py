@@ -19,6 +19,7 @@ import polars as pl
 import yaml
 
 from rlpipe.config import UNSET_OPTION
+from rlpipe.data.conversation import CONVERSATIONAL, checked_messages, prompt_format, require_chat_template
 from rlpipe.data.io import read_table_file
 from rlpipe.errors import ArtifactError, ConfigError
 
@@ -81,15 +82,34 @@ def read_prompt_table(path: Path, prompt_column: str, answer_column: str | None,
     return table
 
 
-def copy_model(src: str | Path, dest: Path) -> Path:
-    """Copy a local Hugging Face model directory into the project (a plain copy: DVC then owns it)."""
+def prompt_file_format(table: pl.DataFrame, prompt_column: str, source: str | Path) -> str:
+    """"standard" (prompt strings) or "conversational" (message lists), as `rlpipe.data.conversation` tells them
+    apart; every conversational row's messages are checked, so a bad row is refused now, naming it."""
+    try:
+        fmt = prompt_format(table, prompt_column, source)
+        if fmt == CONVERSATIONAL:
+            for i, value in enumerate(table[prompt_column].to_list()):
+                checked_messages(value, f"{source}: row {i}")
+        return fmt
+    except ArtifactError as e:
+        raise ConfigError(str(e)) from None
+
+
+def copy_model(src: str | Path, dest: Path, *, prompts: str | Path | None = None, chat_template: str = "auto"
+               ) -> Path:
+    """Copy a local Hugging Face model directory into the project (a plain copy: DVC then owns it).
+
+    ``prompts``: the (train) prompt file when it is conversational: the tokenizer must have a chat template
+    (and ``chat_template`` must not be off) to render it."""
     src = Path(src)
     if not (src / "config.json").is_file():
         raise ConfigError(f"{src}: not a Hugging Face model directory (no config.json); rlpipe never downloads "
                           "models: pass the directory `save_pretrained` wrote")
     from rlpipe.models.loading import load_tokenizer
 
-    load_tokenizer(src)  # refused here, naming the directory, rather than at generate after prepare cached it
+    tokenizer = load_tokenizer(src)  # refused here, naming the directory, not at generate after prepare cached it
+    if prompts is not None:
+        require_chat_template(tokenizer, model_dir=src, source=prompts, mode=chat_template)
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".git", "__pycache__", ".cache"))
     return dest
 
@@ -102,12 +122,16 @@ class UserReward:
     files: tuple[str, ...]  # project-relative paths of the copied module (empty when it is installed)
 
 
-def import_reward(name: str, project: Path, *, columns: list[str], source_dir: Path | None = None) -> UserReward:
+def import_reward(name: str, project: Path, *, columns: list[str], source_dir: Path | None = None,
+                  columns_by_file: dict[str, list[str]] | None = None, answer_column: str | None = None
+                  ) -> UserReward:
     """Find ``module:function`` in ``source_dir`` (default: the current directory), copy its module into the
     project root and list its options; a built-in reward name lists its options only.
 
     A module that is not in that directory but importable (installed) is used where it is and not copied.
     ``columns``: the prompt file's columns, which a TRL-style function receives as arguments, not options.
+    ``columns_by_file``: every prompt file's columns by the path the user gave: a required parameter of a
+    TRL-style function that is a column of one file must be a column of each (`rlpipe.rewards.columns`).
     """
     from rlpipe.rewards.functions import REWARD_FUNCTIONS
     from rlpipe.rewards.registry import is_batch_reward
@@ -126,6 +150,7 @@ def import_reward(name: str, project: Path, *, columns: list[str], source_dir: P
         candidates = [source_dir / f"{top}.py", source_dir / top]
         local = next((c for c in candidates if c.is_file() or (c.is_dir() and (c / "__init__.py").is_file())), None)
         fn = _load_function(name, module_name, attribute, source_dir if local else None)
+    check_columns(name, fn, columns_by_file or {}, answer_column)
     files: tuple[str, ...] = ()
     if local is not None:
         dest = project / local.name
@@ -141,6 +166,21 @@ def import_reward(name: str, project: Path, *, columns: list[str], source_dir: P
             continue  # the sample (or samples), TRL's per-row arguments, **kwargs
         options[p.name] = UNSET_OPTION if p.default is p.empty else _yaml_value(p.default)
     return UserReward(name=name, options=options, files=files)
+
+
+def check_columns(name: str, fn: Callable[..., Any], columns_by_file: dict[str, list[str]],
+                  answer_column: str | None) -> None:
+    """Refuse a TRL-style reward whose column parameter one prompt file has and another lacks (or ``answer``
+    with no answer column): found at evaluate otherwise, after generate and train ran. A required parameter
+    no file has is an option to fill in (params.yaml), not a column."""
+    from rlpipe.rewards.columns import missing_columns, required_columns
+
+    known = set().union(*columns_by_file.values()) | {"answer"}
+    needed = [c for c in required_columns(fn, {}) if c in known]
+    try:
+        missing_columns(name, needed, columns_by_file, answer_column)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _yaml_value(value: Any) -> Any:

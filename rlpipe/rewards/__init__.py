@@ -2,6 +2,7 @@
 
 `functions` holds the `Sample` a reward sees and the built-in rewards (`REWARD_FUNCTIONS`);
 `trl_style` runs TRL-style functions (``fn(prompts, completions, **columns)``) as batch rewards;
+`columns` imports a user's ``module:function`` and checks the prompt-file columns a TRL-style one needs;
 `registry` resolves params.yaml names (built-in or "package.module:function"), checks their options
 up front, names their Parquet columns and scores one sample; `code` runs model-written code for
 the `code_tests` reward; `model_reward` scores with a trained reward model in batches (`reward_model`).

@@ -31,6 +31,9 @@ class Sample:
     turns: Sequence[str] | None = None  # every model turn's text, the last being `completion`
     tool_calls: Sequence[dict] | None = None  # {turn, name, arguments, status, result} per tool call
     turn_rewards: Sequence[float | None] | None = None  # the environment's reward after each turn (None: none given)
+    # A conversational prompt file's (TRL's format): this prompt's {role, content} messages, as the file gave
+    # them (`prompt` is their rendering by the chat template); None for a file of prompt strings.
+    prompt_messages: Sequence[dict] | None = None
 
 
 @dataclass(frozen=True)

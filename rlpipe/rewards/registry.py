@@ -15,12 +15,9 @@ This module imports no torch: the score stage must start fast (a model reward im
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import numbers
-import os
-import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +25,7 @@ from typing import Callable, Mapping, Sequence
 
 from rlpipe.data.schema import SCORES, component_column
 from rlpipe.rewards.base import RewardResult, Sample, batch_reward
+from rlpipe.rewards.columns import import_user_function
 from rlpipe.rewards.functions import REWARD_FUNCTIONS
 from rlpipe.rewards.trl_style import check_trl_options, is_trl_reward, trl_adapter
 
@@ -82,25 +80,7 @@ def resolve_reward(name: str) -> Callable[..., float]:
         raise ValueError(
             f"reward {name!r} is not of the form 'package.module:function'; valid names: {_valid_names()}"
         )
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:  # includes a dependency missing inside the user's module
-        raise ValueError(f"reward {name!r}: cannot import module {module_name!r}: {exc} (the module must be "
-                         f"in the project directory {cwd}, or installed)") from exc
-    obj = module
-    for part in attribute.split("."):  # "module:Class.method" works too
-        if not hasattr(obj, part):
-            raise ValueError(f"reward {name!r}: module {module_name!r} has no attribute {attribute!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise TypeError(
-            f"reward {name!r}: {attribute!r} in module {module_name!r} is a "
-            f"{type(obj).__name__}, not callable"
-        )
-    return obj
+    return import_user_function(name)
 
 
 def check_reward_options(fn: Callable[..., float], options: Mapping[str, object], name: str) -> None:

@@ -15,11 +15,13 @@ from rlpipe.stages.score import score_rows
 
 
 def evaluate_policy(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: EvaluateConfig, score_cfg: ScoreConfig,
-                    policy_version: int, decode: Any, multi_turn: Any = None) -> tuple[pl.DataFrame, dict[str, Any]]:
+                    policy_version: int, decode: Any, multi_turn: Any = None, messages_field: str | None = None
+                    ) -> tuple[pl.DataFrame, dict[str, Any]]:
     """Greedy completions of every prompt by ``engine`` (see `rlpipe.stages.generate.build_engine`), scored.
 
     ``multi_turn``: a `rlpipe.stages.generate.MultiTurnSetup` (generate.environment) to evaluate multi-turn
-    rollouts, each turn capped at ``evaluate.max_new_tokens``.
+    rollouts, each turn capped at ``evaluate.max_new_tokens``. ``messages_field``: as for `score_rows`
+    (conversational prompts: the metadata field of their messages).
     """
     params = SamplingParams(temperature=GREEDY_TEMPERATURE, top_p=1.0, top_k=0, max_new_tokens=cfg.max_new_tokens)
     base = prompts.select("prompt_id", "prompt", "prompt_token_ids", "answer", "metadata")
@@ -39,7 +41,7 @@ def evaluate_policy(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: Eva
             pl.Series("finish_reason", [c.finish_reason for c in completions], dtype=pl.String),
         )
         rows = single_turn_columns(rows)
-    scores, score_m = score_rows(rows, score_cfg)
+    scores, score_m = score_rows(rows, score_cfg, messages_field=messages_field)
     frame = rows.join(scores.select("prompt_id", "sample_idx", "reward", "correct"), on=["prompt_id", "sample_idx"])
     frame = frame.select("prompt_id", "sample_idx", pl.lit(policy_version, dtype=pl.Int64).alias("policy_version"),
                          "completion_token_ids", "completion_text", "completion_length", "truncated", "finish_reason",

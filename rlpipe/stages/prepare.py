@@ -16,7 +16,10 @@ from typing import Any, Sequence
 import polars as pl
 
 from rlpipe.config import PrepareConfig, PromptFilesConfig
+from rlpipe.data.conversation import (CONVERSATIONAL, checked_messages, column_format, ends_with_reply,
+                                      prompt_format, require_chat_template, same_format)
 from rlpipe.data.io import read_table_file
+from rlpipe.data.schema import PROMPT_MESSAGES_KEY
 from rlpipe.errors import ArtifactError, ConfigError
 
 
@@ -29,10 +32,20 @@ def use_chat_template(tokenizer: Any, mode: str) -> bool:
 
 def tokenize_prompt(prompt: Any, tokenizer: Any, *, max_prompt_tokens: int, chat_template: bool,
                     where: str) -> tuple[str, list[int]]:
-    """(text after the chat template, its token ids); errors name ``where`` (file and row)."""
-    if not isinstance(prompt, str) or not prompt:
+    """(text after the chat template, its token ids); errors name ``where`` (file and row).
+
+    ``prompt``: a string, or a conversational prompt's messages (`rlpipe.data.conversation`), which the
+    chat template renders as they are, with the generation prompt added; a list ending with an assistant
+    message is a reply begun for the model, continued where it stops (as TRL does).
+    """
+    if isinstance(prompt, list):
+        prefilled = ends_with_reply(prompt)
+        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=not prefilled,
+                                             continue_final_message=prefilled)
+        token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    elif not isinstance(prompt, str) or not prompt:
         raise ArtifactError(f"{where}: prompt must be a non-empty string, got {prompt!r}")
-    if chat_template:
+    elif chat_template:
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
         token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -67,12 +80,23 @@ def prompt_table(rows: Sequence[dict[str, Any]], tokenizer: Any, *, max_prompt_t
     })
 
 
-def read_prompt_rows(path: str | Path, cfg: PromptFilesConfig) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class PromptFile:
+    """A user's prompt file as prepare reads it: its rows, its columns and its format (TRL's standard or
+    conversational, `rlpipe.data.conversation`)."""
+
+    rows: list[dict[str, Any]]
+    columns: list[str]
+    format: str
+
+
+def read_prompt_rows(path: str | Path, cfg: PromptFilesConfig) -> PromptFile:
     """A user's prompt file (Parquet, JSONL or CSV) as {prompt, answer, metadata} rows.
 
     Every column of the file, the prompt and answer columns included, is kept as per-row metadata
     under its own name for reward functions (unit tests of a coding task; the raw prompt, as
-    written before the chat template; a TRL-style reward's column arguments).
+    written before the chat template; a TRL-style reward's column arguments). A conversational
+    prompt is its list of messages, there and in ``prompt``.
     """
     frame = read_table_file(path)
     if frame.height == 0:
@@ -80,17 +104,17 @@ def read_prompt_rows(path: str | Path, cfg: PromptFilesConfig) -> list[dict[str,
     for key, col in (("prompt_column", cfg.prompt_column), ("answer_column", cfg.answer_column)):
         if col is not None and col not in frame.columns:
             raise ArtifactError(f"{path}: no column {col!r} (prepare.files.{key}); columns are {frame.columns}")
-    if frame.schema[cfg.prompt_column] != pl.String:
-        raise ArtifactError(f"{path}: column {cfg.prompt_column!r} must hold strings, "
-                            f"has {frame.schema[cfg.prompt_column]}")
+    fmt = prompt_format(frame, cfg.prompt_column, path)
     rows = []
-    for rec in frame.iter_rows(named=True):
+    for i, rec in enumerate(frame.iter_rows(named=True)):
+        if fmt == CONVERSATIONAL:
+            rec[cfg.prompt_column] = checked_messages(rec[cfg.prompt_column], f"{path}: row {i}")
         rows.append({
             "prompt": rec[cfg.prompt_column],
             "answer": rec[cfg.answer_column] if cfg.answer_column else None,
             "metadata": dict(rec),
         })
-    return rows
+    return PromptFile(rows, frame.columns, fmt)
 
 
 PREFERENCE_COLUMNS = ("prompt", "chosen", "rejected")
@@ -133,18 +157,26 @@ def preference_table(rows: Sequence[dict[str, Any]], tokenizer: Any, *, max_prom
 
 
 def read_preference_rows(path: str | Path) -> list[dict[str, Any]]:
-    """A user's preference file (Parquet or JSONL) with string columns prompt, chosen, rejected.
+    """A user's preference file (Parquet or JSONL) in either of TRL's formats, as {prompt, chosen, rejected} rows.
 
-    Other columns are ignored. Every pair needs all three texts; an empty file is an error (set
-    ``prepare.files.preferences: null`` when there is no preference data).
+    Standard: ``prompt``, ``chosen``, ``rejected`` strings. Conversational: ``prompt`` a list of messages,
+    ``chosen`` and ``rejected`` each the assistant's reply as a one-message list; the row's ``prompt``
+    is then the message list (the chat template renders it), chosen and rejected the replies' text.
+    Without a ``prompt`` column (TRL's implicit prompt) the prompt is what chosen and rejected share:
+    their leading text, or every message but the last (`implicit_prompt`). Other columns are ignored;
+    every pair needs every text, and an empty file is an error (set ``prepare.files.preferences:
+    null`` when there is no preference data).
     """
     frame = read_table_file(path)
-    for col in PREFERENCE_COLUMNS:
+    columns = [c for c in PREFERENCE_COLUMNS if c != "prompt" or "prompt" in frame.columns]
+    for col in PREFERENCE_COLUMNS[1:]:
         if col not in frame.columns:
             raise ArtifactError(f"{path}: no column {col!r} (prepare.files.preferences needs columns "
-                                f"{list(PREFERENCE_COLUMNS)}); columns are {frame.columns}")
-        if frame.schema[col] != pl.String:
-            raise ArtifactError(f"{path}: column {col!r} must hold strings, has {frame.schema[col]}")
+                                f"{list(PREFERENCE_COLUMNS)}, prompt optional); columns are {frame.columns}")
+    for col in columns:
+        if column_format(frame.schema[col]) is None:
+            raise ArtifactError(f"{path}: column {col!r} must hold strings or lists of {{role, content}} "
+                                f"messages, has {frame.schema[col]}")
         nulls = frame[col].null_count()
         if nulls:
             first = frame.with_row_index().filter(pl.col(col).is_null())["index"][0]
@@ -152,7 +184,51 @@ def read_preference_rows(path: str | Path) -> list[dict[str, Any]]:
     if frame.height == 0:
         raise ArtifactError(f"{path}: no preference pairs (empty file); set prepare.files.preferences: null "
                             "when there are none")
-    return list(frame.select(PREFERENCE_COLUMNS).iter_rows(named=True))
+    return [preference_row(row, f"{path}: row {i}") for i, row in enumerate(frame.select(columns).iter_rows(named=True))]
+
+
+def preference_row(row: dict[str, Any], where: str) -> dict[str, Any]:
+    """One pair as {prompt, chosen, rejected}: the prompt a string or messages, chosen and rejected the replies' text."""
+    if "prompt" not in row:
+        row = implicit_prompt(row, where)
+    prompt = row["prompt"]
+    if not isinstance(prompt, str):
+        prompt = checked_messages(prompt, where)
+    return {"prompt": prompt, "chosen": reply_text(row["chosen"], f"{where}: chosen"),
+            "rejected": reply_text(row["rejected"], f"{where}: rejected")}
+
+
+def reply_text(reply: Any, where: str) -> str:
+    """A completion's text: a string as it is, or a conversational reply's one assistant message's content."""
+    if isinstance(reply, str):
+        return reply
+    messages = checked_messages(reply, where)
+    if len(messages) != 1 or messages[0]["role"] != "assistant":
+        raise ArtifactError(f"{where}: must be one assistant message, as TRL's conversational preference format "
+                            f"has it, got {messages!r}")
+    return messages[0]["content"]
+
+
+def implicit_prompt(row: dict[str, Any], where: str) -> dict[str, Any]:
+    """A pair without a prompt column split into prompt and replies: conversations share every message but their
+    last, the assistant's reply; strings share their leading text, cut back to just after a space."""
+    chosen, rejected = row["chosen"], row["rejected"]
+    if isinstance(chosen, str) != isinstance(rejected, str):
+        raise ArtifactError(f"{where}: chosen and rejected must both be strings or both be message lists")
+    if not isinstance(chosen, str):
+        chosen, rejected = checked_messages(chosen, f"{where}: chosen"), checked_messages(rejected, f"{where}: rejected")
+        if len(chosen) < 2 or chosen[:-1] != rejected[:-1]:
+            raise ArtifactError(f"{where}: without a prompt column, chosen and rejected must be the same "
+                                "conversation up to their last message (the prompt), then differ in it")
+        return {"prompt": chosen[:-1], "chosen": chosen[-1:], "rejected": rejected[-1:]}
+    shared = 0
+    while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+        shared += 1
+    cut = chosen.rfind(" ", 0, shared) + 1 if shared < len(chosen) and chosen[shared - 1:shared] != " " else shared
+    if cut == 0:
+        raise ArtifactError(f"{where}: without a prompt column, chosen and rejected must begin with the same "
+                            "text (the prompt); these share none")
+    return {"prompt": chosen[:cut], "chosen": chosen[cut:], "rejected": rejected[cut:]}
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,6 +247,7 @@ class Sources:
     preferences_source: str | None  # the preference file or what built the pairs; None: no preference file
     chat_template: bool
     metrics: dict[str, Any] = field(default_factory=dict)  # what building the tiny default measured
+    messages_field: str | None = None  # conversational prompts: the metadata field of their messages
 
 
 def build_tiny_sources(cfg: PrepareConfig, *, seed: int, model_dir: str) -> Sources:
@@ -187,17 +264,43 @@ def build_tiny_sources(cfg: PrepareConfig, *, seed: int, model_dir: str) -> Sour
                    "tiny task (preferences)", chat, tiny_metrics)
 
 
-def read_file_sources(cfg: PrepareConfig) -> Sources:
-    """The user's prompt files (and optional preference file), with the tokenizer they are prepared with."""
+def read_file_sources(cfg: PrepareConfig, *, rewards: Sequence[Any] = ()) -> Sources:
+    """The user's prompt files (and optional preference file), with the tokenizer they are prepared with.
+
+    Refused here, before anything is written: conversational prompts the tokenizer cannot render, train
+    and eval files of different formats, and a column a reward in ``rewards`` (score.rewards) needs that
+    either file lacks (`rlpipe.rewards.columns`).
+    """
     from rlpipe.models.loading import load_tokenizer
+    from rlpipe.rewards.columns import check_reward_columns
 
     files = cfg.files
     tokenizer = load_tokenizer(files.tokenizer_path)
-    train_rows = read_prompt_rows(files.train, files)
-    eval_rows = read_prompt_rows(files.eval, files)
+    train, held_out = read_prompt_rows(files.train, files), read_prompt_rows(files.eval, files)
+    fmt = same_format({files.train: train.format, files.eval: held_out.format})
+    if fmt == CONVERSATIONAL:
+        require_chat_template(tokenizer, model_dir=files.tokenizer_path, source=files.train, mode=files.chat_template)
+    try:
+        check_reward_columns(rewards, {files.train: train.columns, files.eval: held_out.columns},
+                             answer_column=files.answer_column)
+    except ValueError as e:
+        raise ConfigError(f"score.rewards: {e}") from None
     pref_rows = read_preference_rows(files.preferences) if files.preferences is not None else []
-    return Sources(tokenizer, train_rows, eval_rows, pref_rows, (files.train, files.eval), files.preferences,
-                   use_chat_template(tokenizer, files.chat_template))
+    if any(isinstance(row["prompt"], list) for row in pref_rows):
+        require_chat_template(tokenizer, model_dir=files.tokenizer_path, source=files.preferences,
+                              mode=files.chat_template)
+    return Sources(tokenizer, train.rows, held_out.rows, pref_rows, (files.train, files.eval), files.preferences,
+                   fmt == CONVERSATIONAL or use_chat_template(tokenizer, files.chat_template),
+                   messages_field=files.prompt_column if fmt == CONVERSATIONAL else None)
+
+
+def prompt_footer(sources: Sources, split: str) -> dict[str, Any]:
+    """A prompt table's footer metadata; the messages' field only for conversational prompts (the standard
+    format's tables keep their bytes)."""
+    footer: dict[str, Any] = {"split": split, "chat_template": sources.chat_template}
+    if sources.messages_field is not None:
+        footer[PROMPT_MESSAGES_KEY] = sources.messages_field
+    return footer
 
 
 def tables(sources: Sources, *, max_prompt_tokens: int) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:

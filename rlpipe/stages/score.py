@@ -62,20 +62,23 @@ def load_reward_functions(cfg: ScoreConfig) -> tuple[list[RewardSpec], list[Any]
     return specs, fns, columns
 
 
-def score_rows(rows: pl.DataFrame, cfg: ScoreConfig, *, progress: Any = None) -> tuple[pl.DataFrame, dict[str, Any]]:
+def score_rows(rows: pl.DataFrame, cfg: ScoreConfig, *, progress: Any = None, messages_field: str | None = None
+               ) -> tuple[pl.DataFrame, dict[str, Any]]:
     """Score rows holding prompt, completion_text, answer, metadata, completion_length, truncated
     (and prompt_token_ids, completion_token_ids where a reward needs tokens, e.g. `reward_model`).
 
     Returns the key columns plus reward, correct, score_error and one ``reward_<name>`` column per
     component, and metrics (means per component, error counts by exception type, and per component
     the counts of the detail labels its `RewardResult`s carried, e.g. code_tests' failure kinds).
-    ``progress``: optional callback, called with 1 per row (see rlpipe.progress).
+    ``progress``: optional callback, called with 1 per row (see rlpipe.progress). ``messages_field``: for
+    conversational prompts, the metadata field holding each prompt's messages (the prompt table's footer
+    `rlpipe.data.schema.PROMPT_MESSAGES_KEY`); rewards then get `Sample.prompt_messages`.
     """
-    return score_batches([rows], cfg, progress=progress)
+    return score_batches([rows], cfg, progress=progress, messages_field=messages_field)
 
 
-def score_batches(batches: Iterable[pl.DataFrame], cfg: ScoreConfig, *, progress: Any = None
-                  ) -> tuple[pl.DataFrame, dict[str, Any]]:
+def score_batches(batches: Iterable[pl.DataFrame], cfg: ScoreConfig, *, progress: Any = None,
+                  messages_field: str | None = None) -> tuple[pl.DataFrame, dict[str, Any]]:
     """`score_rows` over the rows of every batch, in order: one batch in memory at a time (the stage reads
     the rollouts a batch at a time, `rlpipe.data.io.stream_artifact`). A batch reward (the reward model)
     sees one batch of rows per call."""
@@ -83,9 +86,9 @@ def score_batches(batches: Iterable[pl.DataFrame], cfg: ScoreConfig, *, progress
     tally = _Tally(columns, cfg)
     keys = []
     for rows in batches:
-        precomputed = _batch_rewards(rows, specs, fns)
+        precomputed = _batch_rewards(rows, specs, fns, messages_field)
         score_one = functools.partial(_score_row, specs=specs, fns=fns, timeout_s=cfg.row_timeout_s,
-                                      precomputed=precomputed)
+                                      precomputed=precomputed, messages_field=messages_field)
         for result in _ordered_map(score_one, enumerate(row_dicts(rows)), cfg.workers):
             if progress is not None:
                 progress(1)
@@ -186,22 +189,26 @@ def row_dicts(rows: pl.DataFrame) -> Iterator[dict[str, Any]]:
         yield row
 
 
-def _sample(row: dict[str, Any]) -> Sample:
-    """A reward's view of a row; a multi-turn rollout is judged on its final model turn (``turns[-1]``)."""
+def _sample(row: dict[str, Any], messages_field: str | None = None) -> Sample:
+    """A reward's view of a row; a multi-turn rollout is judged on its final model turn (``turns[-1]``).
+    ``messages_field``: the metadata field of a conversational prompt's messages (None: prompt strings)."""
     turns = row.get("turn_texts")
+    metadata = json.loads(row["metadata"]) if row["metadata"] else {}
     return Sample(prompt=row["prompt"], completion=turns[-1] if turns else row["completion_text"],
-                  answer=row["answer"], metadata=json.loads(row["metadata"]) if row["metadata"] else {},
+                  answer=row["answer"], metadata=metadata,
+                  prompt_messages=None if messages_field is None else metadata[messages_field],
                   completion_tokens=row["completion_length"], truncated=row["truncated"],
                   prompt_token_ids=row.get("prompt_token_ids"), completion_token_ids=row.get("completion_token_ids"),
                   turns=turns, tool_calls=row.get("tool_calls"), turn_rewards=row.get("turn_rewards"))
 
 
-def _batch_rewards(rows: pl.DataFrame, specs: list[RewardSpec], fns: Any) -> dict[str, list[float | Exception]]:
+def _batch_rewards(rows: pl.DataFrame, specs: list[RewardSpec], fns: Any, messages_field: str | None
+                   ) -> dict[str, list[float | Exception]]:
     """Every batch reward's per-row values (or per-row errors), by spec name; {} when none is configured."""
     batch_specs = [spec for spec in specs if is_batch_reward(fns[spec.name])]
     if not batch_specs:
         return {}
-    samples = [_sample(row) for row in row_dicts(rows)]
+    samples = [_sample(row, messages_field) for row in row_dicts(rows)]
     out = {}
     for spec in batch_specs:
         try:
@@ -233,7 +240,8 @@ def _first_failing_row(rows: pl.DataFrame, samples: list[Sample], spec: RewardSp
 
 
 def _score_row(item: tuple[int, dict[str, Any]], specs: list[RewardSpec], fns: Any, timeout_s: float | None,
-               precomputed: dict[str, list[float | Exception]]) -> tuple | Exception:
+               precomputed: dict[str, list[float | Exception]], messages_field: str | None = None
+               ) -> tuple | Exception:
     """One row's (components, total, details), or the exception a reward raised on it (or a TimeoutError).
 
     ``item`` is (row index, row); ``precomputed`` holds the batch rewards' values of every row.
@@ -241,7 +249,7 @@ def _score_row(item: tuple[int, dict[str, Any]], specs: list[RewardSpec], fns: A
     i, row = item
     if row.get("finish_reason") == "infra_error":  # the environment failed, not the model: never a reward
         return InfrastructureError(f"the environment failed, not the model: {row.get('environment_error')}")
-    sample = _sample(row)
+    sample = _sample(row, messages_field)
     args = (sample, specs, fns, {name: values[i] for name, values in precomputed.items()})
     if timeout_s is None:
         return _caught(score_sample_details, *args)

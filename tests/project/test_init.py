@@ -265,3 +265,106 @@ def test_a_model_directory_without_a_tokenizer_is_refused_naming_it(inputs, tmp_
     with pytest.raises(ArtifactError, match=r"model: holds no usable tokenizer .*tokenizer.save_pretrained"):
         make(inputs, tmp_path / "p")
     assert not (tmp_path / "p").exists()
+
+
+# ---------------------------------------------------------------- TRL's conversational format (issue 31 item 1)
+
+CHAT = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}a: {% endif %}"
+
+
+def conversational(inputs: Path, name: str, n: int) -> Path:
+    """``n`` rows in TRL's conversational format (a system message first) with the solution and level columns."""
+    rows = [{"question": [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"q{i}"}],
+             "solution": str(i), "level": i % 3} for i in range(n)]
+    pl.DataFrame(rows).write_parquet(inputs / name)
+    return inputs / name
+
+
+def with_chat_template(inputs: Path) -> Path:
+    tokenizer = build_char_tokenizer("abcdefghijklmnopqrstuvwxyz0123456789 :\n")
+    tokenizer.chat_template = CHAT
+    tokenizer.save_pretrained(inputs / "model")
+    return inputs / "model"
+
+
+def test_a_conversational_parquet_file_is_detected_and_reported(inputs, tmp_path):
+    with_chat_template(inputs)
+    report = make(inputs, tmp_path / "p", train=conversational(inputs, "c_train.parquet", 4),
+                  eval_=conversational(inputs, "c_eval.parquet", 2))
+    assert report.prompt_format == "conversational" and (report.num_train, report.num_eval) == (4, 2)
+    assert make(inputs, tmp_path / "q").prompt_format == "standard"
+
+
+def test_a_conversational_datasets_directory_is_detected(inputs, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    with_chat_template(inputs)
+    rows = pl.read_parquet(conversational(inputs, "c.parquet", 3)).to_dicts()
+    datasets.Dataset.from_list(rows).save_to_disk(str(inputs / "hf_chat"))
+    report = make(inputs, tmp_path / "p", train=inputs / "hf_chat", eval_=inputs / "c.parquet")
+    assert report.prompt_format == "conversational"
+    assert pl.read_parquet(tmp_path / "p" / "data" / "train.parquet")["question"].to_list() == \
+        [r["question"] for r in rows]
+
+
+def test_conversational_prompts_are_refused_without_a_chat_template_naming_file_and_model(inputs, tmp_path):
+    train = conversational(inputs, "c_train.parquet", 2)
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(train))} holds conversational prompts .* the tokenizer in "
+                                          rf"{re.escape(str(inputs / 'model'))} has no chat template"):
+        make(inputs, tmp_path / "p", train=train, eval_=conversational(inputs, "c_eval.parquet", 1))
+    assert not (tmp_path / "p").exists()
+
+
+def test_conversational_prompts_are_refused_with_the_chat_template_off(inputs, tmp_path):
+    with_chat_template(inputs)
+    with pytest.raises(ConfigError, match="prepare.files.chat_template is 'off'; set it to auto or on"):
+        make(inputs, tmp_path / "p", train=conversational(inputs, "c.parquet", 2), eval_=inputs / "c.parquet",
+             chat_template="off")
+
+
+def test_files_of_different_formats_are_refused(inputs, tmp_path):
+    with_chat_template(inputs)
+    with pytest.raises(ConfigError, match=r"c.parquet is conversational, .*eval.parquet is standard"):
+        make(inputs, tmp_path / "p", train=conversational(inputs, "c.parquet", 2))
+
+
+def test_cli_init_says_which_format_it_found(inputs, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rlpipe.cli import app
+
+    with_chat_template(inputs)
+    conversational(inputs, "c.parquet", 2)
+    monkeypatch.chdir(inputs)
+    args = ["--model", "model", "--prompt-column", "question", "--answer-column", "solution"]
+    result = CliRunner().invoke(app, ["init", str(tmp_path / "p"), "--train", "c.parquet", "--eval", "c.parquet", *args])
+    assert result.exit_code == 0, result.output
+    assert "prompts: conversational format (each prompt a list of {role, content} messages" in result.output
+    result = CliRunner().invoke(app, ["init", str(tmp_path / "q"), "--train", "train.jsonl", "--eval", "eval.parquet",
+                                      *args])
+    assert "prompts: standard format (each prompt a string" in result.output
+    refused = CliRunner().invoke(app, ["init", str(tmp_path / "r"), "--train", "c.parquet", "--eval", "eval.parquet",
+                                       *args])
+    assert refused.exit_code != 0 and "c.parquet is conversational" in refused.output
+
+
+# ---------------------------------------------------------------- a reward's columns in both files (item 5)
+
+LEVEL_REWARD = '''
+def by_level(completions, level, **kwargs):
+    return [float(x) for x in level]
+'''
+
+
+def test_a_reward_column_the_eval_file_lacks_is_refused_naming_file_and_column(inputs, tmp_path):
+    (inputs / "lvl.py").write_text(LEVEL_REWARD)
+    pl.read_parquet(inputs / "eval.parquet").drop("level").write_parquet(inputs / "eval_nolevel.parquet")
+    try:
+        with pytest.raises(ConfigError, match=rf"^reward 'lvl:by_level' needs column\(s\) 'level' \(its "
+                                              rf"required parameters\), which {re.escape(str(inputs))}/"
+                                              r"eval_nolevel.parquet lacks; its columns are \['question', 'solution'\]"):
+            make(inputs, tmp_path / "p", rewards=["lvl:by_level"], eval_=inputs / "eval_nolevel.parquet")
+        assert not (tmp_path / "p").exists()
+        report = make(inputs, tmp_path / "q", rewards=["lvl:by_level"])  # both files have it: a column, no option
+        assert report.rewards[0].options == {}
+    finally:
+        sys.modules.pop("lvl", None)

@@ -19,6 +19,7 @@ def test_every_column_of_the_file_is_metadata_the_raw_prompt_included(tmp_path, 
     frame = pl.DataFrame({"question": ["2+2?", "0+7?"], "solution": ["4", "007"], "topic": ["sum", "pad"]})
     path = tmp_path / f"train.{suffix}"
     getattr(frame, f"write_{'ndjson' if suffix == 'jsonl' else suffix}")(path)
-    rows = read_prompt_rows(path, files_config())
-    assert rows[1] == {"prompt": "0+7?", "answer": "007",  # CSV columns stay strings: "007" is not 7
+    read = read_prompt_rows(path, files_config())
+    assert (read.format, read.columns) == ("standard", ["question", "solution", "topic"])
+    assert read.rows[1] == {"prompt": "0+7?", "answer": "007",  # CSV columns stay strings: "007" is not 7
                        "metadata": {"question": "0+7?", "solution": "007", "topic": "pad"}}
