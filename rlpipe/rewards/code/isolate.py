@@ -22,6 +22,7 @@ NAMESPACE_FLAGS = (CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CL
                    | CLONE_NEWCGROUP | CLONE_NEWTIME)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
+MNT_DETACH = 0x2
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 36, 38
 SECCOMP_MODE_FILTER = 2
 RET_KILL_PROCESS, RET_ALLOW, RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
@@ -34,6 +35,7 @@ EPERM, ENOSYS = 1, 38
 # directories, the repository, the prompt files with the expected outputs) is absent.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 DEVICES = ("null", "zero", "random", "urandom")
+SCRATCH_DIRS = ("/tmp", "/dev/shm")  # the only writable places of the private file view
 
 # Syscall numbers per architecture (x86_64: asm/unistd_64.h; aarch64: asm-generic/unistd.h).
 ARCHES = {
@@ -96,6 +98,21 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
           f"mount {source} on {target}")
 
 
+def mount_scratch(path: str, *, work_bytes: int, uid: int, gid: int) -> None:
+    """A fresh, empty tmpfs owned by the sandbox user, bounded in bytes and in inodes (one per 4 KiB, so
+    that many tiny files cannot exhaust memory either)."""
+    inodes = max(work_bytes // 4096, 64)
+    mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV,
+          f"size={work_bytes},nr_inodes={inodes},mode=0700,uid={uid},gid={gid}")
+
+
+def replace_scratch(path: str, *, work_bytes: int, uid: int, gid: int) -> None:
+    """Detach the tmpfs at `path` and mount a fresh one. Nothing walks what the previous case built: the
+    kernel frees the old tmpfs whole once no process holds it (every process of the case is reaped by now)."""
+    check(_libc.umount2(path.encode(), ctypes.c_int(MNT_DETACH)), f"umount {path}")
+    mount_scratch(path, work_bytes=work_bytes, uid=uid, gid=gid)
+
+
 def unshare_namespaces() -> None:
     """New mount, network, PID, IPC and UTS namespaces; the next fork is PID 1 of the new PID namespace."""
     check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
@@ -118,14 +135,13 @@ def read_only_dirs() -> list[str]:
 def private_root(root: str, *, work_bytes: int, uid: int, gid: int) -> None:
     """chroot into a fresh tmpfs holding read-only binds of `read_only_dirs`, a few devices, a /proc of
     the new PID namespace, and two writable tmpfs owned by the sandbox user: /tmp (the working
-    directory, `work_bytes`) and /dev/shm (POSIX shared memory and semaphores, private to the row).
-    Both vanish with the namespace."""
+    directory, `work_bytes`) and /dev/shm (POSIX shared memory and semaphores), each replaced by a fresh
+    one before every later test case (`replace_scratch`). All vanish with the namespace. The driver's own
+    working directory is /, so it never holds a scratch tmpfs that has been replaced."""
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
-    inodes = max(work_bytes // 4096, 64)  # one inode per 4 KiB: many tiny files cannot exhaust memory either
-    for path in ("/tmp", "/dev/shm"):
+    for path in SCRATCH_DIRS:
         os.makedirs(root + path)
-        mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV,
-              f"size={work_bytes},nr_inodes={inodes},mode=0700,uid={uid},gid={gid}")
+        mount_scratch(root + path, work_bytes=work_bytes, uid=uid, gid=gid)
     for path in read_only_dirs():
         target = root + path
         os.makedirs(target, exist_ok=True)
@@ -137,7 +153,7 @@ def private_root(root: str, *, work_bytes: int, uid: int, gid: int) -> None:
     os.mkdir(f"{root}/proc")
     mount("proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     os.chroot(root)
-    os.chdir("/tmp")
+    os.chdir("/")
 
 
 def set_limits(limits: dict, *, processes: int | None) -> None:

@@ -1,0 +1,93 @@
+"""State between test cases and rows (issue 32, item 3): each case starts with fresh scratch space whatever the
+previous case built, and a scratch space that cannot be reset fails its case (never the row).
+
+Where a protection depends on the host, each test asserts the strong property where it is active and the
+documented fallback where it is not (`helpers.weaker_variants`). docs/reliability.md maps each to its promise.
+"""
+from __future__ import annotations
+
+import base64
+import glob
+import os
+
+import pytest
+
+from rlpipe.rewards.code import runner
+from rlpipe.rewards.code.judge import judge_case
+from rlpipe.rewards.code.cases import Check
+from rlpipe.rewards.code.process import CaseRecord
+from tests.rewards.code.helpers import verdict, weaker_variants
+
+VARIANTS = weaker_variants()
+
+# Each case prints what it finds in its scratch dirs, then leaves behind everything that defeated (or could
+# defeat) a walk of the tree: a 2,500-deep directory chain (RecursionError in shutil.rmtree), 2,000 files,
+# directories without permissions, symlinks (to /, to .., to themselves, dangling), a FIFO and a socket node.
+HOSTILE_SCRATCH = r"""
+import os, stat, sys
+def listing(path):
+    try:
+        return sorted(os.listdir(path))
+    except OSError as exc:
+        return exc.strerror
+def litter(top, depth, files):
+    os.chdir(top)
+    for _ in range(depth):
+        os.mkdir("d")
+        os.chdir("d")
+    open("bottom", "w").close()
+    os.chdir(top)
+    os.mkdir("many")
+    for i in range(files):
+        open(f"many/{{i}}", "w").close()
+    os.makedirs("locked/inner")
+    open("locked/inner/f", "w").close()
+    os.chmod("locked/inner", 0)
+    os.chmod("locked", 0o500)
+    open("nope", "w").close()
+    os.chmod("nope", 0)
+    for name, target in (("root", "/"), ("up", ".."), ("loop", "loop"), ("dangling", "/nonexistent")):
+        os.symlink(target, name)
+    os.mkfifo("fifo")
+    os.mknod("sock", stat.S_IFSOCK | 0o600)
+work = os.getcwd()
+print(listing("."), listing("/dev/shm") if {private_shm} else "-")
+sys.stdout.flush()
+litter(work, 2500, 2000)
+if {private_shm}:
+    litter("/dev/shm", 1500, 100)
+if {host_var_tmp}:  # plain mode, a user per row: the host's /var/tmp, removed after the row
+    os.mkdir(f"/var/tmp/rlpipe-chain-{{os.getuid()}}")
+    litter(f"/var/tmp/rlpipe-chain-{{os.getuid()}}", 1500, 10)
+"""
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_a_hostile_scratch_tree_is_gone_at_the_next_case_and_the_row_is_no_error(name):
+    isolation = VARIANTS[name]
+    private_shm = "private_filesystem" in isolation.active
+    host_var_tmp = not private_shm and isolation.users == "per_row"
+    chains_before = set(glob.glob("/var/tmp/rlpipe-chain-*"))
+    code = HOSTILE_SCRATCH.format(private_shm=private_shm, host_var_tmp=host_var_tmp)
+    expected = "[] []\n" if private_shm else "[] -\n"
+    tests = {"inputs": ["1\n", "2\n", "3\n"], "outputs": [expected] * 3}
+    row = verdict(code, tests, isolation=isolation, work_dir_mb=32, timeout_s=20.0, cpu_time_s=10)
+    assert (row.kind, row.passed, row.total, row.message) == ("pass", 3, 3, "")  # every case saw empty dirs
+    assert set(glob.glob("/var/tmp/rlpipe-chain-*")) == chains_before  # nothing of the row left in /var/tmp
+
+
+def _bare_driver(scratch_dirs: list[str]) -> runner.Driver:
+    plan = {"limits": {"output_bytes": 1000, "timeout_s": 1.0, "work_bytes": 1 << 20}, "namespaces": False,
+            "scratch_dirs": scratch_dirs, "cgroup_procs": [], "cgroup_kill": None, "oom_events": None,
+            "uid": None, "gid": None, "per_row_uid": False, "seccomp": False}
+    return runner.Driver(plan, runner.Reporter(-1, "unused"))
+
+
+def test_scratch_space_that_cannot_be_reset_fails_its_case_and_not_the_driver(tmp_path):
+    missing = str(tmp_path / "was-removed")
+    record = _bare_driver([missing]).run_case(1, {"mode": "stdin", "stdin": ""})
+    assert record["stop"] == "scratch_not_reset" and record["exit"] == 0  # the case never started
+    case = CaseRecord(index=1, stop=record["stop"], exit=0, wall_s=0.0, cpu_s=0.0, oom_kills=0, out=b"",
+                      err=base64.b64decode(record["err"]), status=b"")
+    kind, message = judge_case(case, Check(kind="stdout", expected=""), cpu_time_s=1, tolerance=0.0)
+    assert kind == "runtime_error" and "could not be reset" in message and "was-removed" in message
