@@ -98,6 +98,12 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
           f"mount {source} on {target}")
 
 
+def unshare_ipc() -> None:
+    """A System V IPC and POSIX message queue namespace of this test case alone: what the program makes there
+    vanishes when the case's last process dies, so the next case of the row starts without it."""
+    check(_libc.unshare(CLONE_NEWIPC), "unshare(CLONE_NEWIPC)")
+
+
 def mount_scratch(path: str, *, work_bytes: int, uid: int, gid: int) -> None:
     """A fresh, empty tmpfs owned by the sandbox user, bounded in bytes and in inodes (one per 4 KiB, so
     that many tiny files cannot exhaust memory either)."""
