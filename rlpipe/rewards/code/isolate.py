@@ -177,9 +177,12 @@ def set_limits(limits: dict, *, processes: int | None) -> None:
 
 def fresh_keyrings(*, clear_user_keyring: bool) -> None:
     """Join a fresh, empty session keyring: the one inherited from the scoring process would be shared
-    by every row (keys are kernel state, outside every namespace). With ``clear_user_keyring`` (the
-    program runs as a sandbox user, never as the scoring user), also empty that user's keyring, which
-    outlives its processes and would carry keys to the next row of the same user. Best effort: a
+    by every row (keys are kernel state, outside every namespace). With ``clear_user_keyring`` (a sandbox
+    user shared by every row, never the scoring user), also empty that user's keyring, which outlives its
+    processes and would carry keys to the next row (or the next case, for a uid per row without the
+    filter: the parent then has the kernel drop the keyring after the row, `forget_user_keyrings`). Not for
+    a uid per row with the filter: it has no keyring, and clearing one makes the kernel create it, to stay
+    registered after the row (issue 32). Best effort: a
     kernel without keyrings has nothing to share. The syscall filter then refuses every keyring call."""
     table = ARCHES.get(seccomp_arch() or "")
     if table is None:
@@ -188,6 +191,33 @@ def fresh_keyrings(*, clear_user_keyring: bool) -> None:
     _libc.syscall(keyctl, ctypes.c_long(1), ctypes.c_void_p(None))  # KEYCTL_JOIN_SESSION_KEYRING, anonymous
     if clear_user_keyring:
         _libc.syscall(keyctl, ctypes.c_long(7), ctypes.c_long(-4))  # KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING
+
+
+def forget_user_keyrings(uid: int, gid: int) -> None:
+    """Have the kernel drop `uid`'s user and user-session keyrings. Why: once made (by a keyring call of a
+    program that no syscall filter stops), they stay registered for the life of the user namespace, a
+    /proc/key-users entry and keys of the machine's quota per row that ran as a fresh uid. Invalidated, they
+    are freed by the kernel's key collector. A child does it as `uid` (only the owner may), then exits.
+    Call it once no process of `uid` is left (the parent does, after the row): a keyring invalidated while
+    the row runs would still be found, dead, by its next test case until the collector has run."""
+    table = ARCHES.get(seccomp_arch() or "")
+    if table is None:
+        return
+    keyctl = ctypes.c_long(table["nr"]["keyctl"])
+    pid = os.fork()
+    if pid == 0:
+        try:
+            drop_privileges(uid, gid)
+            # Both serials first (KEYCTL_GET_KEYRING_ID): looking one up by its special id once the other
+            # is invalidated would make the kernel create that one afresh.
+            serials = [_libc.syscall(keyctl, ctypes.c_long(0), ctypes.c_long(ring), ctypes.c_long(0))
+                       for ring in (-4, -5)]  # KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING
+            for serial in serials:
+                if serial > 0:
+                    _libc.syscall(keyctl, ctypes.c_long(21), ctypes.c_long(serial))  # KEYCTL_INVALIDATE
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
 
 
 def drop_privileges(uid: int, gid: int) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from rlpipe.rewards.code import scratch
+from rlpipe.rewards.code import isolate, scratch
 from rlpipe.rewards.code.cgroups import RowCgroups
 from rlpipe.rewards.code.protections import Isolation, SandboxUnavailable, row_uid
 
@@ -260,7 +260,7 @@ def _run(program: dict, cases: list[dict], limits: SandboxLimits, isolation: Iso
         try:
             _follow(watch, proc, isolation, limits, len(cases), on_case)
         finally:
-            _end(watch, proc, isolation, cgroups, uid)
+            _end(watch, proc, isolation, cgroups, uid, gid)
         return RowRun(wall_s=time.monotonic() - start,
                       peak_memory_bytes=cgroups.peak_memory_bytes() if cgroups else None)
     finally:
@@ -315,7 +315,7 @@ def _follow(watch: _Watch, proc: subprocess.Popen, isolation: Isolation, limits:
 
 
 def _end(watch: _Watch, proc: subprocess.Popen, isolation: Isolation, cgroups: RowCgroups | None,
-         uid: int | None) -> None:
+         uid: int | None, gid: int | None) -> None:
     """Kill the row and wait for every one of its processes (see the module docstring)."""
     driver_pidfd = watch.driver_pidfd
     try:
@@ -353,6 +353,8 @@ def _end(watch: _Watch, proc: subprocess.Popen, isolation: Isolation, cgroups: R
                 time.sleep(0.002)
         if isolation.users == "per_row" and not isolation.namespaces:
             _remove_files_of(uid)
+        if isolation.users == "per_row" and not isolation.seccomp:  # keyrings the program could make
+            isolate.forget_user_keyrings(uid, gid)
     finally:
         if driver_pidfd is not None:
             os.close(driver_pidfd)

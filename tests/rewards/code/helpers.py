@@ -159,3 +159,27 @@ def sysv_ipc() -> str:
         except OSError:
             pass
     return "".join(out)
+
+
+def key_user_lines(uids: set[int]) -> dict[int, str]:
+    """The /proc/key-users lines of `uids`: a uid has one while the kernel holds a key (or keyring) it owns."""
+    found = {}
+    for line in Path("/proc/key-users").read_text().splitlines():
+        uid = int(line.split(":", 1)[0])
+        if uid in uids:
+            found[uid] = line.strip()
+    return found
+
+
+def host_kernel_objects() -> dict[str, int]:
+    """Counts of the host's kernel objects a sandboxed row could leave behind. Global counts (key-users lines,
+    System V IPC) include other processes of the host; the checks that must not move are this process's own
+    (mounts, row cgroups, fds, threads) and the IPC tables."""
+    mqueue = Path("/dev/mqueue")
+    return {"key_users": len(Path("/proc/key-users").read_text().splitlines()),
+            "mounts": len(Path("/proc/self/mountinfo").read_text().splitlines()),
+            "sysvipc": len(sysv_ipc().splitlines()),
+            "mqueues": len(list(mqueue.iterdir())) if mqueue.is_dir() else 0,
+            "row_cgroups": len(row_cgroups()),
+            "our_fds": len(os.listdir("/proc/self/fd")),
+            "our_threads": len(os.listdir("/proc/self/task"))}

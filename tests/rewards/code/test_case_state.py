@@ -1,6 +1,6 @@
-"""State between test cases and rows (issue 32, items 3, 5): each case starts with fresh scratch space and a
-fresh IPC namespace whatever the previous case built, and a scratch space that cannot be reset fails its case
-(never the row).
+"""State between test cases and rows (issue 32, items 3, 5, 6): each case starts with fresh scratch space and a
+fresh IPC namespace whatever the previous case built, a scratch space that cannot be reset fails its case (never
+the row), and no per-row kernel object (a keyring, a mount, a cgroup, an IPC object) is left on the host.
 
 Where a protection depends on the host, each test asserts the strong property where it is active and the
 documented fallback where it is not (`helpers.weaker_variants`). docs/reliability.md maps each to its promise.
@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import base64
 import glob
+import json
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -17,9 +21,10 @@ from rlpipe.rewards.code import runner
 from rlpipe.rewards.code.judge import judge_case
 from rlpipe.rewards.code.cases import Check
 from rlpipe.rewards.code.process import CaseRecord
-from tests.rewards.code.helpers import verdict, weaker_variants
+from tests.rewards.code.helpers import USED_UIDS, host_kernel_objects, key_user_lines, verdict, weaker_variants
 
 VARIANTS = weaker_variants()
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 # Each case prints what it finds in its scratch dirs, then leaves behind everything that defeated (or could
 # defeat) a walk of the tree: a 2,500-deep directory chain (RecursionError in shutil.rmtree), 2,000 files,
@@ -122,3 +127,95 @@ def test_ipc_objects_of_one_case_are_not_found_by_the_next(name):
     tests = {"inputs": ["1\n", "2\n", "3\n"], "outputs": [expected] * 3}
     row = verdict(IPC_PER_CASE, tests, isolation=isolation)
     assert (row.kind, row.passed) == ("pass", 3)
+
+
+def _wait_for_no_key_users(uids: set[int], timeout_s: float = 10.0) -> dict[int, str]:
+    """The kernel frees keys in a work queue after their last user: give it a moment."""
+    deadline = time.monotonic() + timeout_s
+    while (left := key_user_lines(uids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+# Adds a key to the user and the session keyring where no syscall filter refuses it.
+ADD_KEYS = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+add_key = {"x86_64": 248, "aarch64": 217}[os.uname().machine]
+print([libc.syscall(add_key, b"user", b"rlpipe-" + str(ring).encode(), b"x", 1, ring) >= 0 for ring in (-4, -3)])
+"""
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="syscall numbers of x86_64/aarch64")
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_no_keyring_of_a_row_user_outlives_its_row(name):
+    isolation = VARIANTS[name]
+    if isolation.users != "per_row":  # one user for every row: its keyring is one object, emptied per case
+        return
+    before = set(USED_UIDS)
+    allowed = "syscall_filter" not in isolation.active
+    tests = {"inputs": ["1\n", "2\n"], "outputs": [f"[{allowed}, {allowed}]\n"] * 2}
+    for _ in range(3):
+        row = verdict(ADD_KEYS, tests, isolation=isolation)
+        assert row.kind == "pass"  # the keys were made where nothing refuses them
+    uids = USED_UIDS - before
+    assert len(uids) == 3
+    assert _wait_for_no_key_users(uids) == {}  # /proc/key-users has no line for a row's uid
+
+
+PROBE_UIDS = """
+import json
+from contextlib import contextmanager
+from rlpipe.rewards.code import host, process
+seen, row_uid = [], process.row_uid
+@contextmanager
+def recorded(isolation):
+    with row_uid(isolation) as (uid, gid):
+        seen.append(uid)
+        yield uid, gid
+process.row_uid = recorded
+host.host_isolation()
+print(json.dumps([uid for uid in seen if uid is not None]))
+"""
+
+
+def test_probing_the_host_leaves_no_keyring_behind():
+    done = subprocess.run([sys.executable, "-c", PROBE_UIDS], capture_output=True, text=True, cwd=REPO, check=True)
+    uids = set(json.loads(done.stdout))
+    if not uids:  # no per-row uid on this host: nothing per row to leave
+        return
+    assert _wait_for_no_key_users(uids) == {}
+
+
+HONEST = "def add(a, b):\n    return a + b\n"
+HOSTILE_ROWS = [
+    HONEST,
+    ADD_KEYS.replace("print(", "_ = (") + HONEST,  # user and session keys, where nothing refuses them
+    IPC_PER_CASE.replace("print(", "_ = (") + HONEST,  # IPC objects
+    "import os\nshm = '/dev/shm' if os.environ['TMPDIR'] == '/tmp' else '.'  # private in namespace mode\n"
+    "os.makedirs(shm + '/a/b/c', exist_ok=True)\nopen(shm + '/x', 'w').close()\n" + HONEST,
+    "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\n" + HONEST,  # a daemon
+    "def add(a, b):\n    return a - b\n",  # wrong
+]
+
+
+def test_many_rows_leave_no_kernel_object_on_the_host():
+    """RLPIPE_LEAK_ROWS rows (60 by default, to stay a few tens of seconds on a 2-core box; BENCHMARKS.md has
+    a 500-row run) of honest and hostile programs in every variant: the host's kernel objects are unchanged."""
+    rows = int(os.environ.get("RLPIPE_LEAK_ROWS", "60"))
+    names = sorted(VARIANTS)
+    verdict(HONEST, isolation=VARIANTS["host"])  # warm: the first row loads what later rows reuse
+    time.sleep(0.2)
+    before, used_before = host_kernel_objects(), set(USED_UIDS)
+    kinds = []
+    for i in range(rows):
+        isolation = VARIANTS[names[i % len(names)]]
+        kinds.append(verdict(HOSTILE_ROWS[i % len(HOSTILE_ROWS)], isolation=isolation).kind)
+    wrong = sum(1 for i in range(rows) if i % len(HOSTILE_ROWS) == len(HOSTILE_ROWS) - 1)
+    assert kinds.count("pass") == rows - wrong  # only the wrong program fails
+    uids = USED_UIDS - used_before
+    assert _wait_for_no_key_users(uids) == {}
+    after = host_kernel_objects()
+    print(f"\nkernel objects over {rows} rows: before {before}, after {after}")
+    for name in ("mounts", "sysvipc", "row_cgroups", "our_fds", "our_threads", "mqueues"):
+        assert after[name] == before[name], name
