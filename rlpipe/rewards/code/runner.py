@@ -7,12 +7,13 @@ start fast, and after the isolation steps rlpipe's own files may be out of reach
 Three roles, all trusted code:
   * the supervisor (namespace mode only): enters new namespaces, forks the driver (PID 1 of the new
     PID namespace), reports its host pid, waits for it;
-  * the driver: builds the private file view, then for each test case forks a case process,
-    watches it (wall clock, output cap), kills every other process of the sandbox when it ends,
-    and reports what the case printed and returned;
+  * the driver: builds the private file view, then for each test case gives it fresh scratch space
+    (`reset_scratch`), forks a case process, watches it (wall clock, output cap), kills every other
+    process of the sandbox when it ends, and reports what the case printed and returned;
   * the case process (`program.py`), until it starts the program: joins the row's cgroups, takes
     its stdin, stdout, stderr and status pipes, closes every other descriptor (the report pipe
-    included), sets the limits, drops privileges and installs the syscall filter.
+    included), sets the limits, enters an IPC namespace of its own, drops privileges and installs the
+    syscall filter.
 Only then does untrusted code run, in the case process alone, which can no longer write to the
 report pipe. It never sees an expected output, and it decides nothing: the parent compares what
 it printed or returned. So a program that tampers with everything it can reach in its process
