@@ -22,6 +22,7 @@ NAMESPACE_FLAGS = (CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CL
                    | CLONE_NEWCGROUP | CLONE_NEWTIME)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
+MNT_DETACH = 0x2
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 36, 38
 SECCOMP_MODE_FILTER = 2
 RET_KILL_PROCESS, RET_ALLOW, RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
@@ -34,6 +35,7 @@ EPERM, ENOSYS = 1, 38
 # directories, the repository, the prompt files with the expected outputs) is absent.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 DEVICES = ("null", "zero", "random", "urandom")
+SCRATCH_DIRS = ("/tmp", "/dev/shm")  # the only writable places of the private file view
 
 # Syscall numbers per architecture (x86_64: asm/unistd_64.h; aarch64: asm-generic/unistd.h).
 ARCHES = {
@@ -96,6 +98,27 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
           f"mount {source} on {target}")
 
 
+def unshare_ipc() -> None:
+    """A System V IPC and POSIX message queue namespace of this test case alone: what the program makes there
+    vanishes when the case's last process dies, so the next case of the row starts without it."""
+    check(_libc.unshare(CLONE_NEWIPC), "unshare(CLONE_NEWIPC)")
+
+
+def mount_scratch(path: str, *, work_bytes: int, uid: int, gid: int) -> None:
+    """A fresh, empty tmpfs owned by the sandbox user, bounded in bytes and in inodes (one per 4 KiB, so
+    that many tiny files cannot exhaust memory either)."""
+    inodes = max(work_bytes // 4096, 64)
+    mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV,
+          f"size={work_bytes},nr_inodes={inodes},mode=0700,uid={uid},gid={gid}")
+
+
+def replace_scratch(path: str, *, work_bytes: int, uid: int, gid: int) -> None:
+    """Detach the tmpfs at `path` and mount a fresh one. Nothing walks what the previous case built: the
+    kernel frees the old tmpfs whole once no process holds it (every process of the case is reaped by now)."""
+    check(_libc.umount2(path.encode(), ctypes.c_int(MNT_DETACH)), f"umount {path}")
+    mount_scratch(path, work_bytes=work_bytes, uid=uid, gid=gid)
+
+
 def unshare_namespaces() -> None:
     """New mount, network, PID, IPC and UTS namespaces; the next fork is PID 1 of the new PID namespace."""
     check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
@@ -118,14 +141,13 @@ def read_only_dirs() -> list[str]:
 def private_root(root: str, *, work_bytes: int, uid: int, gid: int) -> None:
     """chroot into a fresh tmpfs holding read-only binds of `read_only_dirs`, a few devices, a /proc of
     the new PID namespace, and two writable tmpfs owned by the sandbox user: /tmp (the working
-    directory, `work_bytes`) and /dev/shm (POSIX shared memory and semaphores, private to the row).
-    Both vanish with the namespace."""
+    directory, `work_bytes`) and /dev/shm (POSIX shared memory and semaphores), each replaced by a fresh
+    one before every later test case (`replace_scratch`). All vanish with the namespace. The driver's own
+    working directory is /, so it never holds a scratch tmpfs that has been replaced."""
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
-    inodes = max(work_bytes // 4096, 64)  # one inode per 4 KiB: many tiny files cannot exhaust memory either
-    for path in ("/tmp", "/dev/shm"):
+    for path in SCRATCH_DIRS:
         os.makedirs(root + path)
-        mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV,
-              f"size={work_bytes},nr_inodes={inodes},mode=0700,uid={uid},gid={gid}")
+        mount_scratch(root + path, work_bytes=work_bytes, uid=uid, gid=gid)
     for path in read_only_dirs():
         target = root + path
         os.makedirs(target, exist_ok=True)
@@ -137,7 +159,7 @@ def private_root(root: str, *, work_bytes: int, uid: int, gid: int) -> None:
     os.mkdir(f"{root}/proc")
     mount("proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     os.chroot(root)
-    os.chdir("/tmp")
+    os.chdir("/")
 
 
 def set_limits(limits: dict, *, processes: int | None) -> None:
@@ -155,9 +177,12 @@ def set_limits(limits: dict, *, processes: int | None) -> None:
 
 def fresh_keyrings(*, clear_user_keyring: bool) -> None:
     """Join a fresh, empty session keyring: the one inherited from the scoring process would be shared
-    by every row (keys are kernel state, outside every namespace). With ``clear_user_keyring`` (the
-    program runs as a sandbox user, never as the scoring user), also empty that user's keyring, which
-    outlives its processes and would carry keys to the next row of the same user. Best effort: a
+    by every row (keys are kernel state, outside every namespace). With ``clear_user_keyring`` (a sandbox
+    user shared by every row, never the scoring user), also empty that user's keyring, which outlives its
+    processes and would carry keys to the next row (or the next case, for a uid per row without the
+    filter: the parent then has the kernel drop the keyring after the row, `forget_user_keyrings`). Not for
+    a uid per row with the filter: it has no keyring, and clearing one makes the kernel create it, to stay
+    registered after the row (issue 32). Best effort: a
     kernel without keyrings has nothing to share. The syscall filter then refuses every keyring call."""
     table = ARCHES.get(seccomp_arch() or "")
     if table is None:
@@ -166,6 +191,33 @@ def fresh_keyrings(*, clear_user_keyring: bool) -> None:
     _libc.syscall(keyctl, ctypes.c_long(1), ctypes.c_void_p(None))  # KEYCTL_JOIN_SESSION_KEYRING, anonymous
     if clear_user_keyring:
         _libc.syscall(keyctl, ctypes.c_long(7), ctypes.c_long(-4))  # KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING
+
+
+def forget_user_keyrings(uid: int, gid: int) -> None:
+    """Have the kernel drop `uid`'s user and user-session keyrings. Why: once made (by a keyring call of a
+    program that no syscall filter stops), they stay registered for the life of the user namespace, a
+    /proc/key-users entry and keys of the machine's quota per row that ran as a fresh uid. Invalidated, they
+    are freed by the kernel's key collector. A child does it as `uid` (only the owner may), then exits.
+    Call it once no process of `uid` is left (the parent does, after the row): a keyring invalidated while
+    the row runs would still be found, dead, by its next test case until the collector has run."""
+    table = ARCHES.get(seccomp_arch() or "")
+    if table is None:
+        return
+    keyctl = ctypes.c_long(table["nr"]["keyctl"])
+    pid = os.fork()
+    if pid == 0:
+        try:
+            drop_privileges(uid, gid)
+            # Both serials first (KEYCTL_GET_KEYRING_ID): looking one up by its special id once the other
+            # is invalidated would make the kernel create that one afresh.
+            serials = [_libc.syscall(keyctl, ctypes.c_long(0), ctypes.c_long(ring), ctypes.c_long(0))
+                       for ring in (-4, -5)]  # KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING
+            for serial in serials:
+                if serial > 0:
+                    _libc.syscall(keyctl, ctypes.c_long(21), ctypes.c_long(serial))  # KEYCTL_INVALIDATE
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
 
 
 def drop_privileges(uid: int, gid: int) -> None:

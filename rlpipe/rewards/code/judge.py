@@ -98,6 +98,8 @@ def judge_case(record: CaseRecord, check: Check, *, cpu_time_s: int, tolerance: 
         return "timeout", f"wall clock: still running after {record.wall_s:.1f} s"
     if record.stop == "output_limit":
         return "output_limit", "more output than max_output_bytes"
+    if record.stop == "scratch_not_reset":  # the case never ran: failed, so no stale file can make it pass
+        return "runtime_error", record.err.decode("utf-8", "replace")[:300]
     if record.oom_kills > 0:
         return "memory", "the row's memory budget ran out (the kernel killed a process of it)"
     status = _status(record)

@@ -15,7 +15,6 @@ import os
 import secrets
 import select
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from rlpipe.rewards.code import isolate, scratch
 from rlpipe.rewards.code.cgroups import RowCgroups
 from rlpipe.rewards.code.protections import Isolation, SandboxUnavailable, row_uid
 
@@ -66,7 +66,7 @@ class CaseRecord:
     """What one test case did, as the driver observed it (outputs are the program's, untrusted)."""
 
     index: int
-    stop: str  # "exit", "timeout" (wall clock) or "output_limit"
+    stop: str  # "exit", "timeout" (wall clock), "output_limit" or "scratch_not_reset" (the case did not run)
     exit: int  # exit code of the case process; negative: killed by that signal
     wall_s: float
     cpu_s: float
@@ -237,6 +237,7 @@ def _run(program: dict, cases: list[dict], limits: SandboxLimits, isolation: Iso
             except (OSError, OverflowError) as exc:
                 raise SandboxUnavailable(f"cannot prepare the work dir for uid {uid}: {exc}") from None
         plan = {"token": token, "namespaces": isolation.namespaces, "root": work, "uid": uid, "gid": gid,
+                "per_row_uid": isolation.users == "per_row",
                 "nproc": "process_limit" in isolation.active, "seccomp": isolation.seccomp,
                 "work_dir": "/tmp" if isolation.namespaces else work,
                 "scratch_dirs": ["/tmp", "/dev/shm"] if isolation.namespaces else [work],
@@ -259,7 +260,7 @@ def _run(program: dict, cases: list[dict], limits: SandboxLimits, isolation: Iso
         try:
             _follow(watch, proc, isolation, limits, len(cases), on_case)
         finally:
-            _end(watch, proc, isolation, cgroups, uid)
+            _end(watch, proc, isolation, cgroups, uid, gid)
         return RowRun(wall_s=time.monotonic() - start,
                       peak_memory_bytes=cgroups.peak_memory_bytes() if cgroups else None)
     finally:
@@ -269,7 +270,7 @@ def _run(program: dict, cases: list[dict], limits: SandboxLimits, isolation: Iso
         if cgroups is not None and not cgroups.remove():
             raise SandboxUnavailable(f"the row's cgroups still hold processes after {KILL_TIMEOUT_S} s: "
                                      f"{cgroups.pids_in_use()}")
-        shutil.rmtree(work, ignore_errors=True)
+        _remove_quietly(work)
 
 
 def _follow(watch: _Watch, proc: subprocess.Popen, isolation: Isolation, limits: SandboxLimits, total: int,
@@ -314,7 +315,7 @@ def _follow(watch: _Watch, proc: subprocess.Popen, isolation: Isolation, limits:
 
 
 def _end(watch: _Watch, proc: subprocess.Popen, isolation: Isolation, cgroups: RowCgroups | None,
-         uid: int | None) -> None:
+         uid: int | None, gid: int | None) -> None:
     """Kill the row and wait for every one of its processes (see the module docstring)."""
     driver_pidfd = watch.driver_pidfd
     try:
@@ -352,6 +353,8 @@ def _end(watch: _Watch, proc: subprocess.Popen, isolation: Isolation, cgroups: R
                 time.sleep(0.002)
         if isolation.users == "per_row" and not isolation.namespaces:
             _remove_files_of(uid)
+        if isolation.users == "per_row" and not isolation.seccomp:  # keyrings the program could make
+            isolate.forget_user_keyrings(uid, gid)
     finally:
         if driver_pidfd is not None:
             os.close(driver_pidfd)
@@ -374,9 +377,15 @@ def _remove_files_of(uid: int) -> None:
             try:
                 if entry.stat(follow_symlinks=False).st_uid != uid:
                     continue
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    os.unlink(entry.path)
             except OSError:
                 continue
+            _remove_quietly(entry.path)
+
+
+def _remove_quietly(path: str) -> None:
+    """Remove a tree a program may have built (any depth: `scratch.remove_tree` does not recurse). A failure
+    leaves it on disk; it never fails the row, whose result is already decided."""
+    try:
+        scratch.remove_tree(path)
+    except OSError:
+        pass

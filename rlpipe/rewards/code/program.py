@@ -3,11 +3,12 @@
 Standard library only (plus `isolate` and `values`, imported by path): `runner.py`'s driver forks
 this process once per case and calls `case_process`. The prologue joins the row's cgroups, takes the
 case's stdin, stdout, stderr and status pipes, closes every other descriptor (the report pipe
-included), sets the limits, drops to the row's user, joins a fresh session keyring and installs the
-syscall filter; it then says so on the gate pipe and closes it. Only then does the program run
-(`run_program`). Whatever the program does from here on reaches the judge only as what it printed
-and the status line it wrote on fd 3 (``{"status": "ok" | "returned" | "unencodable" | "error", ...}``):
-its own claims about its own outputs, which the judge reads as untrusted data.
+included), sets the limits, enters an IPC namespace of its own (namespace mode), drops to the row's
+user, joins a fresh session keyring and installs the syscall filter; it then says so on the gate pipe
+and closes it. Only then does the program run (`run_program`). Whatever the program does from here on
+reaches the judge only as what it printed and the status line it wrote on fd 3
+(``{"status": "ok" | "returned" | "unencodable" | "error", ...}``): its own claims about its own
+outputs, which the judge reads as untrusted data.
 """
 from __future__ import annotations
 
@@ -187,9 +188,13 @@ def case_process(plan: dict, case: dict, fds: dict) -> None:
         isolate.set_limits(limits, processes=limits["processes"] if plan["nproc"] else None)
         os.chdir(plan["work_dir"])
         os.umask(0o077)
+        if plan["namespaces"]:
+            isolate.unshare_ipc()  # IPC objects of this case die with it: the next case starts without them
         if plan["uid"] is not None:
             isolate.drop_privileges(plan["uid"], plan["gid"])
-        isolate.fresh_keyrings(clear_user_keyring=plan["uid"] is not None)
+        # a fresh uid per row has no keyring to clear unless a program without the filter made one
+        isolate.fresh_keyrings(clear_user_keyring=plan["uid"] is not None
+                               and not (plan["per_row_uid"] and plan["seccomp"]))
         if plan["seccomp"]:
             isolate.install_seccomp(host_ipc=not plan["namespaces"])
         else:

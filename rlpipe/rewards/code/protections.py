@@ -27,14 +27,15 @@ PROTECTIONS = {
     "network_namespace": "a network namespace with no interfaces: no connection to anything, localhost included",
     "pid_namespace": "a PID namespace: the host's processes are invisible, and killing its PID 1 kills every "
                      "process of the row",
-    "ipc_namespace": "an IPC namespace: System V shared memory, semaphores, message queues and POSIX message "
-                     "queues are the row's own and vanish with it",
+    "ipc_namespace": "an IPC namespace per test case: System V shared memory, semaphores, message queues and "
+                     "POSIX message queues are the case's own and vanish with it",
     "private_filesystem": "chroot into a tmpfs with read-only system and Python dirs; the only writable places are "
-                          "a private /tmp and /dev/shm (work_dir_mb each), emptied between test cases",
+                          "a private /tmp and /dev/shm (work_dir_mb each), fresh tmpfs mounts for each test case",
     "separate_uid": "the program runs as another user than the scoring process: it cannot write, delete or signal "
                     "the host's files and processes, nor the sandbox's own driver",
     "per_row_uid": "each row runs as a user of its own (a random uid in [2^30, 2^31)): per-user kernel state "
-                   "(process counts, keyrings) is not shared between rows, and leftovers are found by uid",
+                   "(process counts, keyrings) is not shared between rows, leftovers are found by uid, and no keyring "
+                   "of the uid stays in the kernel after the row",
     "process_limit": "RLIMIT_NPROC: processes and threads of the sandbox user (root is exempt)",
     "row_process_limit": "one process budget (max_processes) for all of a row's processes: a pids cgroup, or "
                          "RLIMIT_NPROC under a user of the row's own",

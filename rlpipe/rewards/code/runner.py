@@ -7,12 +7,13 @@ start fast, and after the isolation steps rlpipe's own files may be out of reach
 Three roles, all trusted code:
   * the supervisor (namespace mode only): enters new namespaces, forks the driver (PID 1 of the new
     PID namespace), reports its host pid, waits for it;
-  * the driver: builds the private file view, then for each test case forks a case process,
-    watches it (wall clock, output cap), kills every other process of the sandbox when it ends,
-    and reports what the case printed and returned;
+  * the driver: builds the private file view, then for each test case gives it fresh scratch space
+    (`reset_scratch`), forks a case process, watches it (wall clock, output cap), kills every other
+    process of the sandbox when it ends, and reports what the case printed and returned;
   * the case process (`program.py`), until it starts the program: joins the row's cgroups, takes
     its stdin, stdout, stderr and status pipes, closes every other descriptor (the report pipe
-    included), sets the limits, drops privileges and installs the syscall filter.
+    included), sets the limits, enters an IPC namespace of its own, drops privileges and installs the
+    syscall filter.
 Only then does untrusted code run, in the case process alone, which can no longer write to the
 report pipe. It never sees an expected output, and it decides nothing: the parent compares what
 it printed or returned. So a program that tampers with everything it can reach in its process
@@ -30,13 +31,13 @@ import base64
 import json
 import os
 import select
-import shutil
 import signal
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import isolate  # noqa: E402
+import scratch  # noqa: E402
 from program import case_process  # noqa: E402
 
 del sys.path[0]
@@ -110,18 +111,24 @@ class Driver:
                 return int(count)
         return 0
 
-    def clear_work_dirs(self) -> None:
-        """Each case starts with empty writable dirs: nothing a previous case wrote is left."""
+    def reset_scratch(self) -> None:
+        """Fresh writable dirs for the next case. With namespaces: a new tmpfs replaces each one, so nothing
+        walks the tree the previous case built. Without: the work dir is emptied by `scratch.empty_dir`
+        (no recursion, links never followed)."""
+        owner = (self.plan["uid"] if self.plan["uid"] is not None else os.getuid(),
+                 self.plan["gid"] if self.plan["gid"] is not None else os.getgid())
         for directory in self.plan["scratch_dirs"]:
-            for entry in os.listdir(directory):
-                path = os.path.join(directory, entry)
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    try:
-                        os.unlink(path)
-                    except OSError:
-                        pass
+            if self.plan["namespaces"]:
+                isolate.replace_scratch(directory, work_bytes=self.limits["work_bytes"], uid=owner[0], gid=owner[1])
+            else:
+                scratch.empty_dir(directory)
+
+    def not_reset(self, index: int, exc: BaseException) -> dict:
+        """The record of a case that did not run because its scratch space could not be made fresh: that
+        case fails (the judge says so); the driver and the row go on."""
+        message = f"the scratch space could not be reset before this case: {type(exc).__name__}: {str(exc)[:300]}"
+        return {"index": index, "stop": "scratch_not_reset", "exit": 0, "wall_s": 0.0, "cpu_s": 0.0, "oom_kills": 0,
+                "out": "", "status": "", "err": base64.b64encode(message.encode()).decode()}
 
     def stdin_fd(self, case: dict) -> int:
         """A read-only descriptor of the case's input: a memfd, so no pipe can fill up."""
@@ -136,7 +143,11 @@ class Driver:
             os.close(memfd)
 
     def run_case(self, index: int, case: dict) -> dict:
-        self.clear_work_dirs()
+        if index > 0:  # the first case gets the scratch space the set-up made
+            try:
+                self.reset_scratch()
+            except Exception as exc:  # noqa: BLE001 - whatever the previous case left, only this case fails
+                return self.not_reset(index, exc)
         fds = {"stdin": self.stdin_fd(case), "cgroups": self.cgroup_fds}
         readers = {}
         for name in ("out", "err", "status", "gate"):

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -159,3 +161,35 @@ def sysv_ipc() -> str:
         except OSError:
             pass
     return "".join(out)
+
+
+def key_user_lines(uids: set[int]) -> dict[int, str]:
+    """The /proc/key-users lines of `uids`: a uid has one while the kernel holds a key (or keyring) it owns."""
+    found = {}
+    for line in Path("/proc/key-users").read_text().splitlines():
+        uid = int(line.split(":", 1)[0])
+        if uid in uids:
+            found[uid] = line.strip()
+    return found
+
+
+def host_kernel_objects() -> dict[str, int]:
+    """Counts of the host's kernel objects a sandboxed row could leave behind. Global counts (key-users lines,
+    System V IPC) include other processes of the host; the checks that must not move are this process's own
+    (mounts, row cgroups, fds, threads) and the IPC tables."""
+    return {"key_users": len(Path("/proc/key-users").read_text().splitlines()),
+            "mounts": len(Path("/proc/self/mountinfo").read_text().splitlines()),
+            "sysvipc": len(sysv_ipc().splitlines()),
+            "mqueues": host_mqueues(),
+            "row_cgroups": len(row_cgroups()),
+            "our_fds": len(os.listdir("/proc/self/fd")),
+            "our_threads": len(os.listdir("/proc/self/task"))}
+
+
+def host_mqueues() -> int | None:
+    """POSIX message queues of the host's IPC namespace, counted on an mqueue mount made in a mount namespace
+    of its own (the host's /dev/mqueue may not be mounted); None where that cannot be done here."""
+    with tempfile.TemporaryDirectory() as point:
+        done = subprocess.run(["unshare", "--mount", "sh", "-c", f"mount -t mqueue none {point} && ls -A {point}"],
+                              capture_output=True, text=True)
+    return len(done.stdout.split()) if done.returncode == 0 else None

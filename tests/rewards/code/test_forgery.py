@@ -186,9 +186,11 @@ def test_the_expected_literal_is_nowhere_in_the_sandbox():
     big = 10**50 + 7  # larger than any other int in a Python process (the largest seen: 2**128 - 1)
     assert score(FIND_LITERAL, f"assert secret() == {big}\n") == ZERO
     assert score(SCAN_MEMORY, "assert secret() == 987654321\n", timeout_s=10.0, cpu_time_s=5) == ZERO
-    # the same searches find the value when it is in the sandbox (here: as an argument)
+    # the same searches find the value when it is in the sandbox (here: as an argument). The memory scan looks
+    # for the digits as text, so they go in as a string: an int argument is held in binary, and whether the plan's
+    # JSON text of it survives in freed memory depends on the layout (a longer runner docstring moved it away)
     assert score(FIND_LITERAL, f"assert secret({big}) == {big}\n").value == 1.0
-    assert score(SCAN_MEMORY, "assert secret(987654321) == 987654321\n", timeout_s=10.0, cpu_time_s=5).value == 1.0
+    assert score(SCAN_MEMORY, "assert secret('987654321') == 987654321\n", timeout_s=10.0, cpu_time_s=5).value == 1.0
 
 
 UNITTEST_TESTS = """
