@@ -181,3 +181,98 @@ def test_verl_profile_gmpo_matches_geo_mean_on_random_rows(seed):
     (ours + theirs).backward()
     assert ours.item() == pytest.approx(theirs.item(), abs=1e-5)
     torch.testing.assert_close(a.grad * mask, b.grad * mask, atol=1e-5, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- 1.5-1.6: the 80/20 mask with TRL
+
+
+def _trl_dapo_bonus(entropy, keep, mask, *, coef):
+    """TRL's entropy bonus under loss_type dapo: -coef * sum(H * mask * entropy_mask) / num_items_in_batch."""
+    return -coef * (entropy * mask * keep).sum() / mask.sum()
+
+
+def test_entropy_bonus_over_the_kept_tokens_with_trl():
+    """H [2, 1], rho 0.5 keeps the first token, A 0, coefficient 0.01, token-mean over the 2 tokens."""
+    entropy, keep, mask = torch.tensor([[2.0, 1.0]]), torch.tensor([[1.0, 0.0]]), torch.ones(1, 2, dtype=torch.bool)
+
+    def bonus(form):
+        terms = -0.01 * entropy_bonus_terms(entropy, keep, form=form)
+        return aggregate_loss(terms, mask, mode="token-mean", total_tokens=2, total_sequences=1, max_length=None)
+
+    assert bonus("policy_term").item() == pytest.approx(-0.01 * (2 + 1) / 2)  # rlpipe: every token, -0.015
+    assert bonus(PROFILES["trl"]["train.entropy_mask_form"]).item() == pytest.approx(-0.01 * 2 / 2)  # TRL: -0.010
+    assert _trl_dapo_bonus(entropy, keep, mask, coef=0.01).item() == pytest.approx(-0.010)
+    # the issue's H [0, 1] (rho 0.5 keeps the second): the kept token carries all the entropy, so under TRL's
+    # default dapo both forms give -0.01 * 1 / 2 = -0.005; TRL's -0.010 there is loss_type bnpo/grpo (the
+    # bonus divided by the kept tokens, which rlpipe does not express: docs/profiles.md)
+    issue_h, issue_keep = torch.tensor([[0.0, 1.0]]), torch.tensor([[0.0, 1.0]])
+    assert _trl_dapo_bonus(issue_h, issue_keep, mask, coef=0.01).item() == pytest.approx(-0.005)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_trl_entropy_bonus_matches_dapo_on_random_rows(seed):
+    rng = np.random.default_rng(seed)
+    rows, width = int(rng.integers(1, 6)), 5
+    mask = torch.arange(width)[None, :] < torch.as_tensor(rng.integers(0, width + 1, size=rows))[:, None]
+    entropy = torch.as_tensor(rng.random(size=(rows, width)) * 3, dtype=torch.float32)
+    keep = torch.as_tensor(rng.random(size=(rows, width)) > 0.5, dtype=torch.float32) * mask
+    terms = -0.01 * entropy_bonus_terms(entropy, keep, form="token_set")
+    ours = aggregate_loss(terms, mask, mode="token-mean", total_tokens=int(mask.sum()), total_sequences=rows,
+                          max_length=None)
+    assert ours.item() == pytest.approx(_trl_dapo_bonus(entropy, keep, mask, coef=0.01).item(), abs=1e-7)
+
+
+def _trl_gmpo(logp, old, adv_B, mask, keep, *, eps):
+    """trl/experimental/gmpo: sign of the row's advantage, the geometric mean over mask * entropy_mask, row mean."""
+    log_ratio = logp - old
+    clamped = log_ratio.clamp(-eps, eps)
+    a = adv_B[:, None]
+    clipped = torch.where(a > 0, torch.minimum(log_ratio, clamped), torch.maximum(log_ratio, clamped))
+    seq_mask = mask.float() * keep
+    coef = torch.exp((clipped * seq_mask).sum(-1) / seq_mask.sum(-1).clamp(min=1.0))
+    return (-coef * adv_B).mean()
+
+
+def _rlpipe_gmpo_kept(logp, old, adv_B, mask, keep, *, eps, form):
+    """The objective's GMPO term with the 80/20 mask (rlpipe.training.objective), seq-mean-token-mean."""
+    adv = adv_B[:, None].expand_as(mask).float()
+    in_mean = form == "token_set"
+    loss, _ = gmpo_loss(logp, old, adv, mask, eps_low=eps, eps_high=eps, dual_clip_c=None, log_ratio_clamp=None,
+                        mean_mask_BT=keep.bool() if in_mean else None)
+    loss = loss if in_mean else loss * keep
+    count = "all_rows" if in_mean else "nonempty"
+    return aggregate_loss(loss, mask, mode="seq-mean-token-mean", total_tokens=None,
+                          total_sequences=count_valid(mask, sequence_count=count)[1], max_length=None)
+
+
+def test_issue_example_gmpo_with_the_80_20_mask():
+    """Log-ratios [0.3, -0.1], A 1, H [0, 1], rho 0.5 (keeps the second token), eps 0.4."""
+    logp, old = torch.tensor([[0.3, -0.1]]), torch.zeros(1, 2)
+    adv, mask, keep = torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool), torch.tensor([[0.0, 1.0]])
+    # rlpipe: the row's -e^((0.3 - 0.1) / 2) on the kept token only, mean over the row's 2 tokens
+    assert _rlpipe_gmpo_kept(logp, old, adv, mask, keep, eps=0.4, form="policy_term").item() == pytest.approx(
+        -math.exp(0.1) / 2, abs=1e-5)
+    assert -math.exp(0.1) / 2 == pytest.approx(-0.5526, abs=1e-4)
+    # TRL: the geometric mean of the kept token alone, -e^-0.1 = -0.9048
+    assert PROFILES["trl"]["train.entropy_mask_form"] == "token_set"
+    assert _rlpipe_gmpo_kept(logp, old, adv, mask, keep, eps=0.4, form="token_set").item() == pytest.approx(
+        -math.exp(-0.1), abs=1e-5)
+    assert _trl_gmpo(logp, old, adv, mask, keep, eps=0.4).item() == pytest.approx(-0.9048, abs=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_trl_profile_gmpo_with_the_80_20_mask_matches_trl_on_random_rows(seed):
+    """Value and gradient, rows with no kept token (ratio 1, no gradient) and empty rows included."""
+    rng = np.random.default_rng(seed)
+    rows, width = int(rng.integers(1, 7)), 6
+    mask = torch.arange(width)[None, :] < torch.as_tensor(rng.integers(0, width + 1, size=rows))[:, None]
+    keep = torch.as_tensor(rng.random(size=(rows, width)) > 0.6, dtype=torch.float32) * mask
+    old = torch.as_tensor(rng.normal(-1.0, 0.3, size=(rows, width)), dtype=torch.float32)
+    new = old + torch.as_tensor(rng.normal(0.0, 0.5, size=(rows, width)), dtype=torch.float32)
+    adv = torch.as_tensor(rng.normal(size=rows), dtype=torch.float32) * (mask.sum(dim=1) > 0)
+    a, b = new.clone().requires_grad_(), new.clone().requires_grad_()
+    ours = _rlpipe_gmpo_kept(a, old, adv, mask, keep, eps=0.4, form="token_set")
+    theirs = _trl_gmpo(b, old, adv, mask, keep, eps=0.4)
+    (ours + theirs).backward()
+    assert ours.item() == pytest.approx(theirs.item(), abs=1e-5)
+    torch.testing.assert_close(a.grad * mask, b.grad * mask, atol=1e-5, rtol=1e-4)
