@@ -151,10 +151,10 @@ PROFILE_NOTES: dict[str, dict[str, str]] = {
                                         "matters with beta > 0); it was False at f2cd577",
         "train.sequence_count": "loss_type grpo and sapo take `.mean()` over the rows of a micro-batch and dr_grpo "
                                 "divides by `per_token_loss.size(0)`, every row; trl/experimental/gmpo takes "
-                                f"`per_sequence_loss.mean()` ({_GRPO}#L3123-L3137)",
+                                f"`per_sequence_loss.mean()` ({_GRPO}#L3124-L3136)",
         "train.gmpo_clip_sign": "trl/experimental/gmpo clips by the sign of the sequence advantage (one per row)",
         "train.entropy_mask_form": "the entropy bonus is taken over `mask * entropy_mask` "
-                                   f"({_GRPO}#L3153-L3170) and the experimental GMPO trainer drops low-entropy tokens "
+                                   f"({_GRPO}#L3152-L3171) and the experimental GMPO trainer drops low-entropy tokens "
                                    "from the geometric mean (`seq_mask = mask * entropy_mask`)",
     },
     "verl": {
@@ -199,7 +199,8 @@ PROFILE_NOTES: dict[str, dict[str, str]] = {
         "train.loss_aggregation": "seq-mean-token-sum-norm divides the summed loss by the global batch size "
                                   f"(sequences) and then by loss_scale_factor or the padded width ({_CORE}#L1140-L1207), "
                                   "as rlpipe does with max_length = generate.max_new_tokens; verl's token-sum "
-                                  "is rlpipe's token-sum",
+                                  "is rlpipe's token-sum; geo_mean (GMPO) averages rows whatever loss_agg_mode "
+                                  "says: with gmpo write seq-mean-token-mean",
     },
     "openrlhf": {
         "source": "OpenRLHF/OpenRLHF v0.11.0 (commit 3c3be62), openrlhf/models/loss.py, openrlhf/models/utils.py, "
