@@ -182,8 +182,8 @@ PROFILE_NOTES: dict[str, dict[str, str]] = {
                              f"({_CORE}#L1286-L1378); verl's gspo, cispo, sapo and geo_mean losses have none: "
                              "with those write train.dual_clip_c: null",
         "train.gspo_form": "policy_loss.loss_mode='gspo' is the GSPO-token stop-gradient form; at v0.9.0 and "
-                           f"main it is aggregated seq-mean-token-mean whatever loss_agg_mode says ({_CORE}#L1604-L1606); "
-                           "verl 0.9.1 honours loss_agg_mode (issue 33), as rlpipe does",
+                           "main it is aggregated seq-mean-token-mean whatever loss_agg_mode says "
+                           f"({_CORE}#L1604-L1606); verl 0.9.1 honours loss_agg_mode (issue 33), as rlpipe does",
         "train.token_mean_scope": "the engine workers (the only ones left in v0.9) all-reduce the mini-batch's "
                                   "batch_num_tokens and pass it with the global batch size to agg_loss for every "
                                   f"micro-batch ({_VERL}/verl/workers/engine/fsdp/transformer_impl.py#L700-L710): "

@@ -92,7 +92,7 @@ def loss_normalisers(
     micro-batches this is the step's loss.
       minibatch:   (step_tokens, step_sequences, 1.0) -- the step's counts; the sum over micro-batches
                    is the full-batch value whatever the split (rlpipe's default).
-      micro_batch: (count_valid(mask_BT, sequence_count=...)..., 1 / num_micro_batches) -- this micro-batch's own counts;
+      micro_batch: (count_valid(mask_BT, sequence_count=...)..., 1 / num_micro_batches) -- its own counts;
                    the step's loss is the mean over micro-batches of their own means, which depends
                    on the split (what verl's legacy workers, TRL's bnpo/grpo/dr_grpo losses and
                    OpenRLHF before v0.10.4 computed).
