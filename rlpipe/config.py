@@ -283,6 +283,9 @@ class TrainConfig:
     token_mean_scope: Literal["minibatch", "micro_batch"]  # fine point (profile)
     off_policy_mask_delta: float | None  # DeepSeek-V3.2 off-policy sequence masking; null = off
     off_policy_mask_scope: Literal["whole_loss", "policy_term"]  # fine point (profile): what the mask drops
+    sequence_count: Literal["nonempty", "all_rows"]  # fine point (profile): which rows the seq-mean modes count
+    gmpo_clip_sign: Literal["sequence", "token"]  # fine point (profile): GMPO's clip side, by row or token advantage
+    entropy_mask_form: Literal["policy_term", "token_set"]  # fine point (profile): what the 80/20 mask removes
     tis_cap: float | None  # truncated importance sampling: weight min(pi_old / pi_sampler, C); null = off
     top_entropy_quantile: float  # rho: train the policy term on the top-rho tokens by pi_old's entropy; 1.0 = all
     keep_sampling_mask: bool  # DeepSeek-V3.2: with top_p < 1 / top_k > 0, the ratio on the sampler's support
@@ -308,7 +311,8 @@ class TrainConfig:
     @property
     def policy_loss_options(self) -> dict[str, Any]:
         """Every loss-specific option, by its `rlpipe.algorithms.losses.POLICY_LOSS_OPTIONS` name."""
-        return {"ratio_cap": self.ratio_cap, "tau_pos": self.sapo_tau_pos, "tau_neg": self.sapo_tau_neg}
+        return {"ratio_cap": self.ratio_cap, "tau_pos": self.sapo_tau_pos, "tau_neg": self.sapo_tau_neg,
+                "clip_sign": self.gmpo_clip_sign}
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
                               "token-sum"]
     epochs: int  # mu: passes over the iteration's rollouts

@@ -30,6 +30,9 @@ FINE_POINTS: tuple[str, ...] = (
     "train.gspo_form",  # what `train.policy_loss: gspo` means: "sequence" (GSPO) or "token" (GSPO-token)
     "train.token_mean_scope",  # "minibatch" (step counts, split-invariant) or "micro_batch" (each micro-batch's)
     "train.off_policy_mask_scope",  # what DeepSeek-V3.2's sequence mask drops: "whole_loss" or "policy_term" (TRL)
+    "train.sequence_count",  # the seq-mean divisor: rows with a loss token ("nonempty") or every row ("all_rows")
+    "train.gmpo_clip_sign",  # GMPO clips by the sign of the row's advantage ("sequence") or each token's ("token")
+    "train.entropy_mask_form",  # the 80/20 mask: scales the policy term ("policy_term") or drops tokens ("token_set")
 )
 
 _COLUMNS = ("rlpipe", "trl", "verl", "openrlhf")
@@ -49,6 +52,9 @@ _TABLE: dict[str, tuple[Any, Any, Any, Any]] = {
     "train.gspo_form": ("sequence", "sequence", "token", "sequence"),
     "train.token_mean_scope": ("minibatch", "minibatch", "minibatch", "minibatch"),
     "train.off_policy_mask_scope": ("whole_loss", "policy_term", "whole_loss", "whole_loss"),
+    "train.sequence_count": ("nonempty", "all_rows", "all_rows", "nonempty"),
+    "train.gmpo_clip_sign": ("sequence", "sequence", "token", "sequence"),
+    "train.entropy_mask_form": ("policy_term", "token_set", "policy_term", "policy_term"),
 }
 
 PROFILES: dict[str, dict[str, Any]] = {
@@ -104,6 +110,9 @@ PROFILE_NOTES: dict[str, dict[str, str]] = {
         "train.kl_log_ratio_clamp": "applied to every estimator and to the importance weight",
         "train.token_mean_scope": "invariant to how a minibatch is cut into micro-batches",
         "train.off_policy_mask_scope": "a dropped sequence leaves the whole loss (policy term, KL, entropy)",
+        "train.sequence_count": "a row without a loss token (an empty completion) does not dilute the sequence mean",
+        "train.gmpo_clip_sign": "the sign of the row's advantage, the one that multiplies the geometric mean",
+        "train.entropy_mask_form": "the mask multiplies the policy term; the entropy bonus covers every token",
     },
     "trl": {
         "source": "huggingface/trl v1.9.0+26 (commit f2cd577), trl/trainer/grpo_trainer.py, grpo_config.py; "
@@ -133,12 +142,20 @@ PROFILE_NOTES: dict[str, dict[str, str]] = {
                                   "steps_per_generation = gradient_accumulation_steps, the default). loss_type "
                                   "'bnpo' (default v0.18-v0.21), 'grpo' and 'dr_grpo' use each micro-batch's counts "
                                   "divided by gradient_accumulation_steps: set micro_batch for those "
-                                  "(grpo/dr_grpo count empty rows too, rlpipe does not)",
+                                  "(with sequence_count all_rows: grpo, dr_grpo, sapo and the experimental GMPO "
+                                  "trainer average over every row of a micro-batch, empty ones included)",
         "train.off_policy_mask_scope": "the off-policy mask multiplies the policy term only; beta * KL is added "
                                        f"afterwards, so a masked sequence keeps its KL ({_GRPO}#L3111-L3121)",
         "train.kl_importance_weighted": "use_bias_correction_kl defaults to True in TRL 1.16.0 (grpo_config.py; "
                                         "grpo_trainer.py multiplies the k3 KL by the token ratio, which only "
                                         "matters with beta > 0); it was False at f2cd577",
+        "train.sequence_count": "loss_type grpo and sapo take `.mean()` over the rows of a micro-batch and dr_grpo "
+                                "divides by `per_token_loss.size(0)`, every row; trl/experimental/gmpo takes "
+                                f"`per_sequence_loss.mean()` ({_GRPO}#L3124-L3136)",
+        "train.gmpo_clip_sign": "trl/experimental/gmpo clips by the sign of the sequence advantage (one per row)",
+        "train.entropy_mask_form": "the entropy bonus is taken over `mask * entropy_mask` "
+                                   f"({_GRPO}#L3152-L3171) and the experimental GMPO trainer drops low-entropy tokens "
+                                   "from the geometric mean (`seq_mask = mask * entropy_mask`)",
     },
     "verl": {
         "source": "verl-project/verl v0.9.0 (commit 483b8a0), verl/trainer/ppo/core_algos.py, "
@@ -165,17 +182,25 @@ PROFILE_NOTES: dict[str, dict[str, str]] = {
                              f"({_CORE}#L1286-L1378); verl's gspo, cispo, sapo and geo_mean losses have none: "
                              "with those write train.dual_clip_c: null",
         "train.gspo_form": "policy_loss.loss_mode='gspo' is the GSPO-token stop-gradient form; at v0.9.0 and "
-                           f"main it is aggregated seq-mean-token-mean whatever loss_agg_mode says ({_CORE}#L1604-L1606)",
+                           "main it is aggregated seq-mean-token-mean whatever loss_agg_mode says "
+                           f"({_CORE}#L1604-L1606); verl 0.9.1 honours loss_agg_mode (issue 33), as rlpipe does",
         "train.token_mean_scope": "the engine workers (the only ones left in v0.9) all-reduce the mini-batch's "
                                   "batch_num_tokens and pass it with the global batch size to agg_loss for every "
                                   f"micro-batch ({_VERL}/verl/workers/engine/fsdp/transformer_impl.py#L700-L710): "
                                   "minibatch. The legacy dp_actor of v0.7 (use_legacy_worker_impl) used each "
                                   "micro-batch's counts: micro_batch for runs of that version",
         "train.off_policy_mask_scope": "verl has no DeepSeek-V3.2 off-policy sequence mask",
+        "train.sequence_count": "agg_loss divides the seq-mean modes by global_batch_size, which the engine sets to "
+                                "ppo_mini_batch_size * n: every row, empty ones included "
+                                f"({_CORE}#L1140-L1207)",
+        "train.gmpo_clip_sign": "geo_mean clips each token by torch.sign(advantages) of that token, and averages "
+                                "the rows with torch.mean (every row of the micro-batch)",
+        "train.entropy_mask_form": "verl has no 80/20 entropy mask in its losses",
         "train.loss_aggregation": "seq-mean-token-sum-norm divides the summed loss by the global batch size "
                                   f"(sequences) and then by loss_scale_factor or the padded width ({_CORE}#L1140-L1207), "
                                   "as rlpipe does with max_length = generate.max_new_tokens; verl's token-sum "
-                                  "is rlpipe's token-sum",
+                                  "is rlpipe's token-sum; geo_mean (GMPO) averages rows whatever loss_agg_mode "
+                                  "says: with gmpo write seq-mean-token-mean",
     },
     "openrlhf": {
         "source": "OpenRLHF/OpenRLHF v0.11.0 (commit 3c3be62), openrlhf/models/loss.py, openrlhf/models/utils.py, "
@@ -204,6 +229,9 @@ PROFILE_NOTES: dict[str, dict[str, str]] = {
                                   f"({_ORLHF}/openrlhf/utils/loss_utils.py); before it, each micro-batch's own "
                                   "counts and DeepSpeed's 1/gradient_accumulation: micro_batch",
         "train.off_policy_mask_scope": "OpenRLHF has no DeepSeek-V3.2 off-policy sequence mask",
+        "train.sequence_count": "not re-read for empty rows at v0.11.0: rlpipe's choice is kept",
+        "train.gmpo_clip_sign": "OpenRLHF has no GMPO loss",
+        "train.entropy_mask_form": "OpenRLHF has no 80/20 entropy mask",
     },
 }
 

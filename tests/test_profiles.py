@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from rlpipe.algorithms.advantages import SINGLETON_GROUPS, WHITEN_FORMS
-from rlpipe.algorithms.aggregation import TOKEN_MEAN_SCOPES
+from rlpipe.algorithms.aggregation import SEQUENCE_COUNTS, TOKEN_MEAN_SCOPES
 from rlpipe.algorithms.kl import KL_CLAMP_SCOPES
+from rlpipe.algorithms.losses import ENTROPY_MASK_FORMS
 from rlpipe.profiles import FINE_POINTS, MATCHING_DEFAULTS, PROFILE_NOTES, PROFILES, profile_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,7 +23,8 @@ def test_fine_points_are_the_dotted_keys():
         "advantage.std_mode", "advantage.eps", "advantage.singleton_groups", "advantage.whiten_form",
         "advantage.whiten_eps", "train.policy_log_ratio_clamp", "train.gspo_log_ratio_clamp",
         "train.kl_log_ratio_clamp", "train.kl_value_clamp", "train.kl_clamp_scope", "train.dual_clip_c",
-        "train.gspo_form", "train.token_mean_scope", "train.off_policy_mask_scope",
+        "train.gspo_form", "train.token_mean_scope", "train.off_policy_mask_scope", "train.sequence_count",
+        "train.gmpo_clip_sign", "train.entropy_mask_form",
     )
 
 
@@ -39,6 +41,7 @@ def test_the_rlpipe_profile_is_the_algorithms_md_choice():
         "train.gspo_log_ratio_clamp": 20.0, "train.kl_log_ratio_clamp": 20.0, "train.kl_value_clamp": 10.0,
         "train.kl_clamp_scope": "every_estimator", "train.dual_clip_c": None, "train.gspo_form": "sequence",
         "train.token_mean_scope": "minibatch", "train.off_policy_mask_scope": "whole_loss",
+        "train.sequence_count": "nonempty", "train.gmpo_clip_sign": "sequence", "train.entropy_mask_form": "policy_term",
     }
 
 
@@ -57,6 +60,9 @@ def test_every_value_is_one_the_math_accepts(name):
     assert s["train.gspo_form"] in ("sequence", "token")
     assert s["train.token_mean_scope"] in TOKEN_MEAN_SCOPES
     assert s["train.off_policy_mask_scope"] in ("whole_loss", "policy_term")
+    assert s["train.sequence_count"] in SEQUENCE_COUNTS
+    assert s["train.gmpo_clip_sign"] in ("sequence", "token")
+    assert s["train.entropy_mask_form"] in ENTROPY_MASK_FORMS
 
 
 def test_notes_cite_a_source_for_every_profile_and_only_name_known_keys():

@@ -52,6 +52,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "sapo_loss",
         "bradley_terry_loss",
         "entropy_from_logits",
+        "ENTROPY_MASK_FORMS",
+        "entropy_bonus_terms",
         "get_policy_loss",
         "gspo_loss",
         "gspo_token_loss",
@@ -66,10 +68,12 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "aggregation": (
         "LOSS_AGGREGATIONS",
+        "SEQUENCE_COUNTS",
         "TOKEN_MEAN_SCOPES",
         "aggregate_loss",
         "count_valid",
         "loss_normalisers",
+        "step_sequence_count",
     ),
 }
 

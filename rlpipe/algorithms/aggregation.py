@@ -16,6 +16,8 @@ DeepSpeed's backward in OpenRLHF before v0.10.4) and averages the gradients of d
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 LOSS_AGGREGATIONS: tuple[str, ...] = (
@@ -24,6 +26,11 @@ LOSS_AGGREGATIONS: tuple[str, ...] = (
     "seq-mean-token-sum",  # sum over each sequence's tokens, then / total_sequences
     "seq-mean-token-sum-norm",  # sum over each sequence's tokens / max_length, then / total_sequences (Dr.GRPO)
     "token-sum",  # sum over valid tokens, no normaliser (verl's token-sum: longer batches, larger steps)
+)
+
+SEQUENCE_COUNTS: tuple[str, ...] = (
+    "nonempty",  # rows with at least one loss token: an empty completion does not dilute the mean (rlpipe)
+    "all_rows",  # every row of the step, empty ones adding 0 (verl's global_batch_size, TRL's per-row .mean())
 )
 
 TOKEN_MEAN_SCOPES: tuple[str, ...] = (
@@ -41,15 +48,32 @@ _NEEDS = {
 
 
 @torch.no_grad()
-def count_valid(mask_BT: torch.Tensor) -> tuple[int, int]:
-    """(valid tokens, sequences with at least one valid token) of one micro-batch.
+def count_valid(mask_BT: torch.Tensor, *, sequence_count: str = "nonempty") -> tuple[int, int]:
+    """(valid tokens, sequences) of one micro-batch.
 
     Sum these over the micro-batches (and all-reduce over ranks) of an optimizer step to get the
-    `total_tokens` / `total_sequences` of `aggregate_loss`. A sequence whose mask is empty (e.g. an
-    overlong completion filtered out) is not counted, so it does not dilute the sequence mean.
+    `total_tokens` / `total_sequences` of `aggregate_loss`. `sequence_count` "nonempty" counts the
+    rows with at least one valid token, so an empty row (e.g. an overlong completion filtered out)
+    does not dilute the sequence mean; "all_rows" counts every row, as verl and TRL do: token losses
+    [[1, 3], []] give seq-mean-token-sum 4 / 1 = 4 with "nonempty", 4 / 2 = 2 with "all_rows".
     """
+    if sequence_count not in SEQUENCE_COUNTS:
+        raise ValueError(f"unknown sequence count {sequence_count!r}; valid: {list(SEQUENCE_COUNTS)}")
     m = mask_BT.bool()
-    return int(m.sum()), int(m.any(dim=1).sum())
+    sequences = m.shape[0] if sequence_count == "all_rows" else int(m.any(dim=1).sum())
+    return int(m.sum()), sequences
+
+
+def step_sequence_count(row_tokens: Sequence[int], *, sequence_count: str) -> int:
+    """The `total_sequences` of an optimizer step from each row's loss-token count (rows of the whole step).
+
+    The loop knows these per-row counts on every rank (the global rows), so this is the same number
+    `count_valid` summed over every micro-batch and rank would give.
+    """
+    if sequence_count not in SEQUENCE_COUNTS:
+        raise ValueError(f"unknown sequence count {sequence_count!r}; valid: {list(SEQUENCE_COUNTS)}")
+    counts = [int(n) for n in row_tokens]
+    return len(counts) if sequence_count == "all_rows" else sum(n > 0 for n in counts)
 
 
 def loss_normalisers(
@@ -59,6 +83,7 @@ def loss_normalisers(
     step_tokens: int,
     step_sequences: int,
     num_micro_batches: int,
+    sequence_count: str = "nonempty",
 ) -> tuple[int, int, float]:
     """(total_tokens, total_sequences, scale) for one micro-batch of an optimizer step.
 
@@ -67,7 +92,7 @@ def loss_normalisers(
     micro-batches this is the step's loss.
       minibatch:   (step_tokens, step_sequences, 1.0) -- the step's counts; the sum over micro-batches
                    is the full-batch value whatever the split (rlpipe's default).
-      micro_batch: (count_valid(mask_BT)..., 1 / num_micro_batches) -- this micro-batch's own counts;
+      micro_batch: (count_valid(mask_BT, sequence_count=...)..., 1 / num_micro_batches) -- its own counts;
                    the step's loss is the mean over micro-batches of their own means, which depends
                    on the split (what verl's legacy workers, TRL's bnpo/grpo/dr_grpo losses and
                    OpenRLHF before v0.10.4 computed).
@@ -81,7 +106,7 @@ def loss_normalisers(
         raise ValueError(f"num_micro_batches must be >= 1, got {num_micro_batches!r}")
     if scope == "minibatch":
         return step_tokens, step_sequences, 1.0
-    tokens, sequences = count_valid(mask_BT)
+    tokens, sequences = count_valid(mask_BT, sequence_count=sequence_count)
     return tokens, sequences, 1.0 / num_micro_batches
 
 

@@ -262,34 +262,45 @@ def sapo_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, 
 
 
 def gmpo_loss(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, *, eps_low, eps_high, dual_clip_c,
-              log_ratio_clamp=LOG_RATIO_CLAMP):
+              log_ratio_clamp=LOG_RATIO_CLAMP, clip_sign="sequence", mean_mask_BT=None):
     """GMPO: the geometric mean of the token ratios, each clipped in log space, times the sequence advantage.
 
-    `J_i = A_i * exp(mean_t sgn(A_i) min(sgn(A_i) l_t, sgn(A_i) clip(l_t, -eps_low, eps_high)))`,
-    `A_i` the mean of advantages_BT over the sequence's valid tokens. Why: the arithmetic mean of
-    token ratios (GRPO) is pulled by outliers; the geometric mean is not, so GMPO can afford a wide
-    clip (the paper: eps 0.4 in log space, i.e. ratios e^-0.4 .. e^0.4). `-J_i` is written on every
-    valid token, so "seq-mean-token-mean" gives verl's `geo_mean` (a plain mean over sequences).
+    `J_i = A_i * exp(mean_t s_t min(s_t l_t, s_t clip(l_t, -eps_low, eps_high)))`, `A_i` the mean of
+    advantages_BT over the sequence's valid tokens. Why: the arithmetic mean of token ratios (GRPO) is
+    pulled by outliers; the geometric mean is not, so GMPO can afford a wide clip (the paper: eps 0.4 in
+    log space, i.e. ratios e^-0.4 .. e^0.4). `-J_i` is written on every valid token, so
+    "seq-mean-token-mean" gives verl's `geo_mean` (a plain mean over sequences).
+    `clip_sign` (the profile's train.gmpo_clip_sign): s_t = sgn(A_i), the side of the advantage that
+    multiplies the mean ("sequence", rlpipe, TRL), or sgn(A_{i,t}) of each token ("token", verl's
+    geo_mean; a token with A_{i,t} = 0 then adds log-ratio 0). They differ only when advantages vary
+    along a row: l [0.5, 0.5], A [1, -0.5], eps 0.4 -> "sequence" J = 0.25 e^0.4 = 0.37296, loss gradient
+    [0, 0]; "token" J = 0.25 e^0.45 = 0.39208, loss gradient [0, -0.196].
+    `mean_mask_BT` (default mask_BT): the tokens the geometric mean averages over (TRL's 80/20 mask
+    drops low-entropy tokens from it); a row with none keeps ratio 1, so J_i = A_i with no gradient.
     Worked example: l = [0.5, -0.1], eps 0.4, A +1 -> clipped l [0.4, -0.1] -> J = e^0.15 = 1.1618;
     A -1 -> [0.5, -0.1] -> J = -e^0.2 = -1.2214.
 
-    Shapes: four [B, T] tensors -> loss_BT [B, T]; stats: ratio_BT (the sequence's clipped geometric
-    mean, broadcast), seq_ratio_B, clipped_BT (tokens whose clip bit), dual_clipped_BT (False).
+    Shapes: four [B, T] tensors (and mean_mask_BT [B, T]) -> loss_BT [B, T]; stats: ratio_BT (the
+    sequence's clipped geometric mean, broadcast), seq_ratio_B, clipped_BT, dual_clipped_BT (False).
     Reference: Zhao et al. 2025, Geometric-Mean Policy Optimization (arXiv:2507.20673).
     """
     if not (eps_low >= 0 and eps_high >= 0):
         raise ValueError(f"gmpo needs eps_low, eps_high >= 0 (log-space clip), got {eps_low}, {eps_high}")
+    if clip_sign not in ("sequence", "token"):
+        raise ValueError(f"gmpo clip_sign must be 'sequence' or 'token', got {clip_sign!r}")
     _no_dual_clip("gmpo", dual_clip_c)
     _check_log_ratio_clamp(log_ratio_clamp)
     m = _mask(mask_BT, logprobs_BT.shape)
+    in_mean = m if mean_mask_BT is None else _mask(mean_mask_BT, logprobs_BT.shape) & m
     log_ratio = _token_log_ratio(logprobs_BT, old_logprobs_BT, m, log_ratio_clamp)
-    seq_adv_B = _per_sequence_mean(_valid(advantages_BT, m, "advantages_BT"), m)
-    sign = torch.sign(seq_adv_B)[:, None]
+    adv = _valid(advantages_BT, m, "advantages_BT")
+    seq_adv_B = _per_sequence_mean(adv, m)
+    sign = torch.sign(seq_adv_B)[:, None] if clip_sign == "sequence" else torch.sign(adv)
     clipped_log = log_ratio.clamp(-eps_low, eps_high)
     kept_log = sign * torch.minimum(sign * log_ratio, sign * clipped_log)
-    seq_ratio_B = torch.exp(_per_sequence_mean(kept_log, m))
+    seq_ratio_B = torch.exp(_per_sequence_mean(kept_log, in_mean))
     loss_BT = torch.where(m, -(seq_adv_B * seq_ratio_B)[:, None], 0.0)
-    clipped = (sign * clipped_log < sign * log_ratio) & m
+    clipped = (sign * clipped_log < sign * log_ratio) & in_mean
     return loss_BT, _stats(seq_ratio_B[:, None].expand_as(m), clipped, torch.zeros_like(m), m,
                            seq_ratio_B=seq_ratio_B.detach())
 
@@ -305,14 +316,15 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
     "gmpo": gmpo_loss,
 }
 
-# the options each loss takes beyond the shared keywords (names of TrainConfig fields)
+# the options each loss takes beyond the shared keywords (keys of TrainConfig.policy_loss_options); gmpo's
+# mean_mask_BT is a tensor the objective passes itself (train.entropy_mask_form token_set)
 POLICY_LOSS_OPTIONS: dict[str, tuple[str, ...]] = {
     "ppo_clip": ("ratio_cap",),
     "gspo": (),
     "gspo_token": (),
     "cispo": (),
     "sapo": ("tau_pos", "tau_neg"),
-    "gmpo": (),
+    "gmpo": ("clip_sign",),
 }
 
 
@@ -335,6 +347,31 @@ def entropy_from_logits(logits_NV: torch.Tensor) -> torch.Tensor:
     logp = torch.log_softmax(logits_NV.float(), dim=-1)
     p = torch.exp(logp)
     return -(p * torch.where(p > 0, logp, 0.0)).sum(dim=-1)
+
+
+ENTROPY_MASK_FORMS: tuple[str, ...] = (
+    "policy_term",  # the 80/20 mask multiplies the policy term; the entropy bonus covers every token (rlpipe)
+    "token_set",  # low-entropy tokens leave the entropy bonus too, and GMPO's geometric mean (TRL)
+)
+
+
+def entropy_bonus_terms(entropy_BT: torch.Tensor, keep_BT: torch.Tensor | None, *, form: str) -> torch.Tensor:
+    """The per-token entropy `H_t` that the bonus `- c_H * agg(H)` aggregates, under the 80/20 mask `keep_BT`.
+
+    Why a choice: the 80/20 rule (train.top_entropy_quantile) is about which tokens carry the policy
+    gradient; rlpipe keeps the bonus on every token ("policy_term"), TRL multiplies it by the same mask
+    ("token_set", grpo_trainer's `effective_mask = mask * entropy_mask`). Both are then divided by the
+    aggregation's normaliser of all valid tokens (TRL's default loss_type dapo divides by the batch's
+    tokens too). Example: H [2, 1], keep [1, 0], token-mean, c_H 0.01 -> policy_term -0.01 * 3 / 2 =
+    -0.015; token_set -0.01 * 2 / 2 = -0.010. `keep_BT` None (no mask) returns H unchanged.
+    Shapes: [B, T] (keep 0/1 or bool) -> [B, T] float32.
+    """
+    if form not in ENTROPY_MASK_FORMS:
+        raise ValueError(f"unknown entropy mask form {form!r}; valid: {list(ENTROPY_MASK_FORMS)}")
+    entropy = entropy_BT.float()
+    if keep_BT is None or form == "policy_term":
+        return entropy
+    return entropy * keep_BT.float()
 
 
 def value_loss(values_BT, old_values_BT, returns_BT, mask_BT, *, clip_eps):

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from rlpipe.algorithms.aggregation import loss_normalisers
+from rlpipe.algorithms.aggregation import loss_normalisers, step_sequence_count
 from rlpipe.algorithms.losses import health_to_host
 from rlpipe.algorithms.token_masks import high_entropy_threshold
 from rlpipe.config import GenerateConfig, TrainConfig
@@ -384,13 +384,14 @@ def _optimizer_step(model, critic, optimizers, data, minibatch, cfg, *, temperat
     """
     lengths = policy_token_counts(data, minibatch)  # the loss's tokens: a multi-turn row's policy tokens
     step_tokens = int(lengths.sum())
-    step_sequences = int((lengths > 0).sum())
+    step_sequences = step_sequence_count(lengths, sequence_count=cfg.sequence_count)
     micro_batches, num_micro_batches = micro_batch_plan(minibatch, data, cfg, dist)
 
     def norm_for(mask_BC) -> Normalisers:
         tokens, sequences, scale = loss_normalisers(mask_BC, scope=cfg.token_mean_scope, step_tokens=step_tokens,
                                                     step_sequences=step_sequences,
-                                                    num_micro_batches=num_micro_batches)
+                                                    num_micro_batches=num_micro_batches,
+                                                    sequence_count=cfg.sequence_count)
         return Normalisers(tokens, sequences, max_length, scale)
 
     def drop() -> None:

@@ -7,7 +7,9 @@
   on tokens kept by DeepSeek-V3.2's off-policy sequence mask
   (``train.off_policy_mask_delta``);
 - `w_t`: truncated importance weights `min(pi_old / pi_sampler, C)` (``train.tis_cap``), 1 when off,
-  times the high-entropy token mask (``train.top_entropy_quantile``; the "80/20" rule), 1 when off;
+  times the high-entropy token mask (``train.top_entropy_quantile``; the "80/20" rule), 1 when off
+  (with ``train.entropy_mask_form: token_set``, TRL's form, the mask also multiplies `H_t`, and GMPO
+  drops the low-entropy tokens from its geometric mean instead of scaling the row's loss);
 - `D_t`: the KL estimator of pi_theta against pi_ref (``train.kl_estimator``), optionally weighted by
   pi_theta / pi_old (DeepSeek-V3.2's unbiased KL, ``train.kl_importance_weighted``), clamped as the
   profile says; always of the full softmax, while with DeepSeek-V3.2's keep sampling mask
@@ -29,8 +31,9 @@ import torch
 
 from rlpipe.algorithms.aggregation import aggregate_loss
 from rlpipe.algorithms.kl import get_kl_estimator, importance_weighted_kl, kl_clamps
-from rlpipe.algorithms.losses import (POLICY_LOSS_OPTIONS, get_policy_loss, masked_mean, off_policy_sequence_mask,
-                                      policy_health_tensors, truncated_importance_weights, value_loss)
+from rlpipe.algorithms.losses import (POLICY_LOSS_OPTIONS, entropy_bonus_terms, get_policy_loss, masked_mean,
+                                      off_policy_sequence_mask, policy_health_tensors, truncated_importance_weights,
+                                      value_loss)
 from rlpipe.config import TrainConfig
 from rlpipe.engines.logprobs import completion_logprobs, make_packed_batch, make_token_batch, to_device
 from rlpipe.engines.truncation import completion_logprobs_truncated
@@ -163,12 +166,16 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
         health["off_policy_masked_fraction"] = (~keep_B).float().mean()
     name = cfg.policy_loss_function
     options = {key: cfg.policy_loss_options[key] for key in POLICY_LOSS_OPTIONS[name]}
+    keep_BC = rows("entropy_keep") if data.entropy_keep is not None else None  # the 80/20 rule's kept tokens
+    in_geometric_mean = keep_BC is not None and name == "gmpo" and cfg.entropy_mask_form == "token_set"
+    if in_geometric_mean:  # TRL's GMPO: low-entropy tokens leave the geometric mean itself
+        options["mean_mask_BT"] = keep_BC.bool()
     loss_BC, stats = get_policy_loss(name)(
         logp_BC, old_BC, adv_BC, loss_mask_BC, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
         dual_clip_c=cfg.dual_clip_c, log_ratio_clamp=cfg.policy_loss_log_ratio_clamp, **options)
-    if data.entropy_keep is not None:  # the 80/20 rule: the policy term of high-entropy tokens only
-        keep_BC = rows("entropy_keep")
-        loss_BC = loss_BC * keep_BC
+    if keep_BC is not None:
+        if not in_geometric_mean:  # the policy term of high-entropy tokens only
+            loss_BC = loss_BC * keep_BC
         health["high_entropy_kept_fraction"] = masked_mean(keep_BC, mask_BC)
     if cfg.tis_cap is not None:
         weights_BC = truncated_importance_weights(old_BC, sampler_BC, mask_BC, cap=cfg.tis_cap)
@@ -180,7 +187,7 @@ def micro_batch_loss(model, critic, data: TrainingData, idx: Sequence[int], cfg:
     if cfg.kl_beta > 0:
         loss_BC = loss_BC + cfg.kl_beta * kl_BC
     if cfg.entropy_coef > 0:
-        loss_BC = loss_BC - cfg.entropy_coef * entropy_BC.float()
+        loss_BC = loss_BC - cfg.entropy_coef * entropy_bonus_terms(entropy_BC, keep_BC, form=cfg.entropy_mask_form)
     # off_policy_mask_scope "policy_term" (TRL): a masked sequence's policy term is already 0 (the loss
     # got loss_mask_BC), but its KL and entropy terms still count
     agg_mask_BC = mask_BC if cfg.off_policy_mask_scope == "policy_term" else loss_mask_BC

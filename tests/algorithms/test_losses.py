@@ -27,7 +27,7 @@ from rlpipe.algorithms.losses import (
 
 CLIP = dict(eps_low=0.2, eps_high=0.2, dual_clip_c=None)
 NO_DUAL_CLIP = ("cispo", "sapo", "gmpo")
-OPTIONS = {"ratio_cap": 4.0, "tau_pos": 1.0, "tau_neg": 1.05}
+OPTIONS = {"ratio_cap": 4.0, "tau_pos": 1.0, "tau_neg": 1.05, "clip_sign": "token"}
 
 
 def keywords(name, **clip):

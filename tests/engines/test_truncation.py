@@ -162,3 +162,32 @@ def test_resume_with_the_keep_sampling_mask_ends_where_the_uninterrupted_run_end
         assert resumed.steps == full.steps and resumed.metrics == full.metrics
     finally:
         model.load_state_dict(start)
+
+
+def test_kl_in_reward_at_top_p_0_9_counts_the_reference_mass_outside_the_kept_set(sampled):
+    """Issue 33, item 4 (docs/ppo.md, "The KL in the reward under top-p or top-k").
+
+    The advantage stage's d_t = log pi_sampler(o_t) - log pi_ref(o_t) takes the sampler's log-prob truncated to
+    S_t and the reference's full softmax. With pi_ref = pi_old (same weights), the truth is KL 0, but
+    d_t = log pi^S(o_t) - log pi(o_t) = -log pi_ref(S_t) in [0, -log 0.9] at top-p 0.9: every token is
+    penalised. Both log-probs on the same S_t (the reference truncated to the sampler's kept sets) give 0.
+    """
+    from rlpipe.algorithms.ragged import token_kl
+
+    model, prompts, completions, sampler = sampled  # the reference is the sampling model itself
+    ref_full, _ = batched_completion_logprobs(model, prompts, completions, pad_token_id=PAD_ID, temperature=0.8,
+                                              max_tokens_per_batch=256, chunk_size=16, with_entropy=False)
+    _, kept, _, _ = batched_kept_sets(model, prompts, completions, temperature=0.8, top_k=0, top_p=0.9,
+                                      max_tokens_per_batch=256, chunk_size=16)
+    ref_same_support = batched_truncated_logprobs(model, prompts, completions, kept, temperature=0.8,
+                                                  max_tokens_per_batch=256, chunk_size=16)
+    flat = lambda rows: np.concatenate(rows).astype(np.float64)  # noqa: E731
+    mask = np.ones(len(flat(sampler)), dtype=bool)
+    stage = token_kl(flat(sampler), flat(ref_full), mask, estimator="k1")  # what the advantage stage uses now
+    same = token_kl(flat(sampler), flat(ref_same_support), mask, estimator="k1")
+    # -log pi_ref(S_t) from the kept sets directly: the reference's mass on S_t is exp(log pi(o) - log pi^S(o))
+    outside = flat(ref_same_support) - flat(ref_full)
+    np.testing.assert_allclose(stage, outside, atol=1e-5)
+    assert stage.min() > -1e-5 and stage.max() < -math.log(0.9) + 1e-5
+    assert stage.mean() > 0.01 and (stage > 1e-3).mean() > 0.5  # a systematic penalty on most tokens
+    assert np.abs(same).max() < 1e-5  # the same distribution on both sides: KL 0, as it should be

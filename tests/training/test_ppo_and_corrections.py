@@ -214,3 +214,65 @@ def test_gspo_form_picks_the_loss_function():
     assert config(policy_loss="gspo", gspo_form="token").policy_loss_function == "gspo_token"
     assert config(policy_loss="gspo_token", gspo_form="sequence").policy_loss_function == "gspo_token"
     assert config(policy_loss="ppo_clip", gspo_form="token").policy_loss_function == "ppo_clip"
+
+
+def test_sequence_count_all_rows_divides_by_every_row_of_the_step():
+    """An empty completion in the step: verl/TRL (all_rows) divide the seq-mean by 8 rows, rlpipe by the 7 with a
+    token, so the step's loss is 7/8 of rlpipe's; split into micro-batches of 3 it stays the same."""
+    d = data()
+    d.completion_token_ids[3] = []
+    for name in ("token_advantages", "ref_logprobs", "sampler_logprobs"):
+        getattr(d, name)[3] = np.zeros(0, dtype=np.float32)
+    loss = {}
+    for count in ("nonempty", "all_rows"):
+        for micro in (8, 3):
+            cfg = config(sequence_count=count, loss_aggregation="seq-mean-token-sum", kl_beta=0.0, entropy_coef=0.0,
+                         lr=0.0, micro_batch_size=micro)
+            loss[count, micro] = trained(cfg, d)[1].steps[0]["loss"]
+    assert abs(loss["nonempty", 8]) > 1e-3
+    assert loss["all_rows", 8] == pytest.approx(loss["nonempty", 8] * 7 / 8, rel=1e-5)
+    assert loss["all_rows", 3] == pytest.approx(loss["all_rows", 8], rel=1e-5)
+
+
+def _own_logprobs_and_entropy(d):
+    from rlpipe.engines.logprobs import batched_completion_logprobs
+    return batched_completion_logprobs(tiny_model(0), d.prompt_token_ids, d.completion_token_ids, pad_token_id=PAD,
+                                       temperature=0.7, max_tokens_per_batch=10_000, chunk_size=3, with_entropy=True)
+
+
+def test_trl_entropy_mask_form_takes_the_bonus_over_the_kept_tokens():
+    """A = 0 and no KL: the loss is the entropy bonus alone, -c_H * sum(H * keep) / N (TRL) or sum(H) / N."""
+    d = with_old(data())
+    d.token_advantages = [np.zeros_like(a) for a in d.token_advantages]
+    rng = np.random.default_rng(2)
+    d.entropy_keep = [rng.random(len(a)) < 0.5 for a in d.token_advantages]
+    _, entropy = _own_logprobs_and_entropy(d)
+    n = sum(len(h) for h in entropy)
+    kept_h = sum(float((np.asarray(h, np.float64) * k).sum()) for h, k in zip(entropy, d.entropy_keep))
+    all_h = sum(float(np.asarray(h, np.float64).sum()) for h in entropy)
+    assert 0 < kept_h < all_h
+    for form, expected in (("token_set", -0.01 * kept_h / n), ("policy_term", -0.01 * all_h / n)):
+        cfg = config(kl_beta=0.0, entropy_coef=0.01, loss_aggregation="token-mean", entropy_mask_form=form)
+        _, health = grads(cfg, d, micro=8)
+        assert health[0]["policy_loss"] == pytest.approx(expected, rel=1e-4), form
+
+
+def test_trl_entropy_mask_form_drops_low_entropy_tokens_from_the_gmpo_mean():
+    """GMPO, token_set: each row's -A_i exp(mean of the kept tokens' log-ratios), a plain row mean (TRL)."""
+    d = data()
+    own, _ = _own_logprobs_and_entropy(d)
+    rng = np.random.default_rng(4)
+    shifts = [rng.uniform(-0.3, 0.3, size=len(o)).astype(np.float32) for o in own]
+    d.old_logprobs = [o - s for o, s in zip(own, shifts)]  # log-ratio = shift, inside the 0.4 clip
+    d.entropy_keep = [rng.random(len(o)) < 0.5 for o in own]
+    for k in d.entropy_keep:
+        k[0] = True  # every row keeps a token
+    cfg = config(policy_loss="gmpo", eps_low=0.4, eps_high=0.4, kl_beta=0.0, entropy_coef=0.0,
+                 entropy_mask_form="token_set")
+    _, health = grads(cfg, d, micro=8)
+    rows = [-a * math.exp(float(s[k].mean())) for a, s, k in zip(d.sequence_advantages, shifts, d.entropy_keep)]
+    assert health[0]["policy_loss"] == pytest.approx(sum(rows) / len(rows), rel=1e-4)
+    _, scaled = grads(config(policy_loss="gmpo", eps_low=0.4, eps_high=0.4, kl_beta=0.0, entropy_coef=0.0), d, micro=8)
+    rlpipe = [-a * math.exp(float(s.mean())) * k.mean() for a, s, k in zip(d.sequence_advantages, shifts,
+                                                                           d.entropy_keep)]
+    assert scaled[0]["policy_loss"] == pytest.approx(sum(rlpipe) / len(rlpipe), rel=1e-4)
