@@ -36,6 +36,7 @@ EPERM, ENOSYS = 1, 38
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 DEVICES = ("null", "zero", "random", "urandom")
 SCRATCH_DIRS = ("/tmp", "/dev/shm")  # the only writable places of the private file view
+HELD = "/.rlpipe-held"  # read-only binds of interpreter dirs that live under a scratch dir (a venv in /tmp)
 
 # Syscall numbers per architecture (x86_64: asm/unistd_64.h; aarch64: asm-generic/unistd.h).
 ARCHES = {
@@ -112,11 +113,21 @@ def mount_scratch(path: str, *, work_bytes: int, uid: int, gid: int) -> None:
           f"size={work_bytes},nr_inodes={inodes},mode=0700,uid={uid},gid={gid}")
 
 
-def replace_scratch(path: str, *, work_bytes: int, uid: int, gid: int) -> None:
+def replace_scratch(path: str, *, work_bytes: int, uid: int, gid: int, held: list[tuple[str, str]] = ()) -> None:
     """Detach the tmpfs at `path` and mount a fresh one. Nothing walks what the previous case built: the
-    kernel frees the old tmpfs whole once no process holds it (every process of the case is reaped by now)."""
+    kernel frees the old tmpfs whole once no process holds it (every process of the case is reaped by now).
+    ``held``: (held copy, place) of the read-only dirs inside `path` (`private_root`), bound there again."""
     check(_libc.umount2(path.encode(), ctypes.c_int(MNT_DETACH)), f"umount {path}")
     mount_scratch(path, work_bytes=work_bytes, uid=uid, gid=gid)
+    for source, target in held:
+        if target.startswith(path + "/"):
+            bind_read_only(source, target)
+
+
+def bind_read_only(source: str, target: str) -> None:
+    os.makedirs(target, exist_ok=True)
+    mount(source, target, None, MS_BIND | MS_REC)
+    mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def unshare_namespaces() -> None:
@@ -138,21 +149,28 @@ def read_only_dirs() -> list[str]:
     return kept
 
 
-def private_root(root: str, *, work_bytes: int, uid: int, gid: int) -> None:
+def private_root(root: str, *, work_bytes: int, uid: int, gid: int) -> list[tuple[str, str]]:
     """chroot into a fresh tmpfs holding read-only binds of `read_only_dirs`, a few devices, a /proc of
     the new PID namespace, and two writable tmpfs owned by the sandbox user: /tmp (the working
     directory, `work_bytes`) and /dev/shm (POSIX shared memory and semaphores), each replaced by a fresh
     one before every later test case (`replace_scratch`). All vanish with the namespace. The driver's own
-    working directory is /, so it never holds a scratch tmpfs that has been replaced."""
+    working directory is /, so it never holds a scratch tmpfs that has been replaced.
+
+    An interpreter dir inside a scratch dir (a virtualenv under /tmp) is also bound at `HELD`, outside
+    every scratch dir, and returned as (held copy, place): `replace_scratch` binds it again after a fresh
+    tmpfs covered it, so later test cases keep their interpreter's packages."""
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
     for path in SCRATCH_DIRS:
         os.makedirs(root + path)
         mount_scratch(root + path, work_bytes=work_bytes, uid=uid, gid=gid)
+    held = []
     for path in read_only_dirs():
-        target = root + path
-        os.makedirs(target, exist_ok=True)
-        mount(os.path.realpath(path), target, None, MS_BIND | MS_REC)
-        mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        source = os.path.realpath(path)
+        if any(path.startswith(d + "/") for d in SCRATCH_DIRS):
+            hold = f"{HELD}/{len(held)}"
+            bind_read_only(source, root + hold)
+            held.append((hold, path))
+        bind_read_only(source, root + path)
     for name in DEVICES:
         open(f"{root}/dev/{name}", "w").close()
         mount(f"/dev/{name}", f"{root}/dev/{name}", None, MS_BIND)
@@ -160,6 +178,7 @@ def private_root(root: str, *, work_bytes: int, uid: int, gid: int) -> None:
     mount("proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     os.chroot(root)
     os.chdir("/")
+    return held
 
 
 def set_limits(limits: dict, *, processes: int | None) -> None:

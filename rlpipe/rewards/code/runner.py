@@ -88,6 +88,7 @@ class Outputs:
 class Driver:
     def __init__(self, plan: dict, reporter: Reporter) -> None:
         self.plan, self.reporter = plan, reporter
+        self.held: list[tuple[str, str]] = []  # interpreter dirs bound inside a scratch dir (`isolate.private_root`)
         self.limits = plan["limits"]
         self.in_pid_namespace = plan["namespaces"]
         self.cgroup_fds: list[int] = []
@@ -119,7 +120,8 @@ class Driver:
                  self.plan["gid"] if self.plan["gid"] is not None else os.getgid())
         for directory in self.plan["scratch_dirs"]:
             if self.plan["namespaces"]:
-                isolate.replace_scratch(directory, work_bytes=self.limits["work_bytes"], uid=owner[0], gid=owner[1])
+                isolate.replace_scratch(directory, work_bytes=self.limits["work_bytes"], uid=owner[0], gid=owner[1],
+                                        held=self.held)
             else:
                 scratch.empty_dir(directory)
 
@@ -258,9 +260,9 @@ def main() -> None:
         driver = Driver(plan, reporter)
         driver.open_cgroups()
         if plan["namespaces"]:
-            isolate.private_root(plan["root"], work_bytes=plan["limits"]["work_bytes"],
-                                 uid=plan["uid"] if plan["uid"] is not None else os.getuid(),
-                                 gid=plan["gid"] if plan["gid"] is not None else os.getgid())
+            driver.held = isolate.private_root(plan["root"], work_bytes=plan["limits"]["work_bytes"],
+                                               uid=plan["uid"] if plan["uid"] is not None else os.getuid(),
+                                               gid=plan["gid"] if plan["gid"] is not None else os.getgid())
         else:
             isolate.prctl(isolate.PR_SET_CHILD_SUBREAPER, 1, "prctl(CHILD_SUBREAPER)")
             signal.signal(signal.SIGTERM, lambda *_: (isolate.kill_and_reap_all(

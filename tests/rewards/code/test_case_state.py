@@ -68,6 +68,14 @@ if {host_var_tmp}:  # plain mode, a user per row: the host's /var/tmp, removed a
 """
 
 
+def interpreter_dirs_in(scratch: str) -> list[str]:
+    """What a fresh private scratch dir shows: nothing, but for the way to this interpreter's read-only dirs
+    when they live inside it (a virtualenv under /tmp, as in a CI clone), bound there in every test case."""
+    from rlpipe.rewards.code.isolate import read_only_dirs
+
+    return sorted({p[len(scratch) + 1:].split("/")[0] for p in read_only_dirs() if p.startswith(scratch + "/")})
+
+
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_a_hostile_scratch_tree_is_gone_at_the_next_case_and_the_row_is_no_error(name):
     isolation = VARIANTS[name]
@@ -75,7 +83,7 @@ def test_a_hostile_scratch_tree_is_gone_at_the_next_case_and_the_row_is_no_error
     host_var_tmp = not private_shm and isolation.users == "per_row"
     chains_before = set(glob.glob("/var/tmp/rlpipe-chain-*"))
     code = HOSTILE_SCRATCH.format(private_shm=private_shm, host_var_tmp=host_var_tmp)
-    expected = "[] []\n" if private_shm else "[] -\n"
+    expected = f"{interpreter_dirs_in('/tmp')} {interpreter_dirs_in('/dev/shm')}\n" if private_shm else "[] -\n"
     tests = {"inputs": ["1\n", "2\n", "3\n"], "outputs": [expected] * 3}
     row = verdict(code, tests, isolation=isolation, work_dir_mb=32, timeout_s=20.0, cpu_time_s=10)
     assert (row.kind, row.passed, row.total, row.message) == ("pass", 3, 3, "")  # every case saw empty dirs
