@@ -10,7 +10,12 @@ whole array. Memory: ``cap`` values and one float per leaf.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
 import numpy as np
+
+from rlpipe.algorithms import ragged
 
 BLOCK = 128  # numpy's PW_BLOCKSIZE: a node this long or shorter is summed in one loop, not split
 
@@ -86,3 +91,56 @@ class StreamedSum:
             return node(start, mid) + node(mid, stop)
 
         return float(node(0, self.n))
+
+
+@dataclass(frozen=True)
+class Whitening:
+    """`rlpipe.algorithms.ragged.whiten`'s centre and scale, found over values given in pieces (`whitening`);
+    ``scale`` None: every output is 0 (no valid token, one with the unbiased form, or all equal with eps 0)."""
+
+    mean: float
+    scale: float | None
+
+    def apply(self, x_N: np.ndarray, mask_N: np.ndarray) -> np.ndarray:
+        """This piece whitened, bit for bit the same piece of `ragged.whiten` of the whole array."""
+        m = np.asarray(mask_N, dtype=bool)
+        if self.scale is None:
+            return np.zeros(m.shape, dtype=np.float64)
+        x = ragged.valid_tokens(x_N, "x", m)
+        x -= self.mean
+        x /= self.scale
+        x[~m] = 0.0
+        return x
+
+
+def whitening(pieces: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], *, form: str, eps: float,
+              cap: int = 1 << 20) -> Whitening:
+    """The centre and scale `ragged.whiten` takes, over every valid token of the (x_N, mask_N) pieces that
+    ``pieces()`` yields in order; called twice (the mean, then the squared deviations), so each pass reads
+    the pieces again rather than keeping them. Same float operations as `ragged.whiten`."""
+    if form not in ("std", "unbiased_rsqrt", "population_rsqrt"):
+        raise ValueError(f"unknown whitening form {form!r}; valid: ['std', 'unbiased_rsqrt', 'population_rsqrt']")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    n = sum(int(np.count_nonzero(m)) for _, m in pieces())
+    if n == 0 or (form == "unbiased_rsqrt" and n == 1):
+        return Whitening(0.0, None)
+    total = StreamedSum(n, cap=cap)
+    for x, m in pieces():
+        total.add(ragged.valid_tokens(x, "x", np.asarray(m, dtype=bool))[np.asarray(m, dtype=bool)])
+    mean = np.float64(total.total()) / n  # np.mean: the pairwise sum over the count
+    squares = StreamedSum(n, cap=cap)
+    for x, m in pieces():
+        m = np.asarray(m, dtype=bool)
+        deviations = ragged.valid_tokens(x, "x", m)[m]
+        deviations -= mean
+        np.square(deviations, out=deviations)
+        squares.add(deviations)
+    squared = squares.total()
+    if form == "std":
+        scale = np.sqrt(squared / n) + eps
+    elif form == "unbiased_rsqrt":
+        scale = np.sqrt(squared / (n - 1) + eps)
+    else:
+        scale = np.sqrt(max(squared / n, eps))
+    return Whitening(float(mean), None if scale == 0.0 else float(scale))

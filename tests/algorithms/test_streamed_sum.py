@@ -47,3 +47,26 @@ def test_too_many_or_too_few_values_are_refused():
         s.total()
     with pytest.raises(ValueError, match="given 4"):
         s.add(np.ones(2))
+
+
+@pytest.mark.parametrize("form", ["std", "unbiased_rsqrt", "population_rsqrt"])
+def test_whitening_in_pieces_is_ragged_whiten_of_the_whole_bit_for_bit(form):
+    from rlpipe.algorithms import ragged
+    from rlpipe.algorithms.streamed_sum import whitening
+
+    rng = np.random.default_rng(7)
+    for trial in range(30):
+        n = int(rng.integers(0, 50_000))
+        x = rng.normal(size=n) * 10.0 ** rng.integers(-4, 5, size=n)
+        m = rng.random(n) < rng.random()
+        if trial % 7 == 0:
+            x[~m] = np.nan  # masked-out values never leak
+        if trial % 5 == 0:
+            x[m] = 3.0  # all valid tokens equal
+        cuts = np.sort(rng.integers(0, n + 1, size=int(rng.integers(0, 12))))
+        pieces = lambda: zip(np.split(x, cuts), np.split(m, cuts))  # noqa: E731
+        eps = float(rng.choice([0.0, 1e-8]))
+        w = whitening(pieces, form=form, eps=eps, cap=int(rng.choice([128, 4096])))
+        streamed = np.concatenate([w.apply(a, b) for a, b in pieces()] or [np.zeros(0)])
+        whole = ragged.whiten(x, m, form=form, eps=eps)
+        assert streamed.tobytes() == whole.tobytes(), (trial, n)
