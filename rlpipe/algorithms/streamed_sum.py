@@ -136,7 +136,13 @@ def whitening(pieces: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], *, 
         deviations -= mean
         np.square(deviations, out=deviations)
         squares.add(deviations)
-    squared = squares.total()
+    return whitening_from_sums(float(mean), squares.total(), n, form=form, eps=eps)
+
+
+def whitening_from_sums(mean: float, squared: float, n: int, *, form: str, eps: float) -> Whitening:
+    """`ragged.whiten`'s scale from the valid tokens' mean, their summed squared deviations and their count."""
+    if n == 0 or (form == "unbiased_rsqrt" and n == 1):
+        return Whitening(0.0, None)
     if form == "std":
         scale = np.sqrt(squared / n) + eps
     elif form == "unbiased_rsqrt":
