@@ -293,7 +293,7 @@ def read_row_level(p: Params, *, rollouts: str, scores: str, weights: dict[str, 
 
 STREAM_ABOVE_TOKENS = 1 << 27  # iterations with more completion tokens take this path (134M: above 67-78M sets)
 STREAM_ENV = "RLPIPE_STREAM_ABOVE_TOKENS"  # overrides it (benchmarks, tests): never changes a result
-CHUNK_TOKENS = 1 << 24  # completion tokens per chunk, about (16M: ~0.5 GiB of float64 temporaries)
+CHUNK_TOKENS = 1 << 22  # completion tokens per chunk, about (4M: ~0.2 GiB of float64 temporaries)
 TOKEN_ESTIMATORS = ("reinforce_plus_plus", "gae")
 WHITENED_SEQUENCE_ESTIMATORS = ("reinforce_plus_plus_baseline", "gdpo")
 
