@@ -275,10 +275,8 @@ def read_row_level(p: Params, *, rollouts: str, scores: str, weights: dict[str, 
 
 
 # --------------------------------------------------------------------------------------------
-# the streamed stage: an iteration too large to hold
-#
-# The advantage stage over an iteration too large to hold: the row-level work once, the token work a chunk
-# of rows at a time, the same numbers as `rlpipe.stages.advantage.compute_advantages`.
+# the streamed stage: an iteration too large to hold. The row-level work once, the token work a chunk of
+# rows at a time, the same numbers as `compute_advantages`.
 #
 # Why: at 1B tokens the in-memory stage needs 10 GiB (GRPO) to 60 GiB (GAE). What an estimator needs across
 # rows is per row (rewards, groups, lengths: 1M rows is megabytes); what needs every token is a sum over them
