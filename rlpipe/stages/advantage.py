@@ -1,6 +1,7 @@
 """The advantage stage's logic: group statistics, advantages per sample and per token, DAPO filters,
 and for the token-reward estimators (reinforce_plus_plus, gae) the KL-in-reward with its adaptive
-controller.
+controller. Above `STREAM_ABOVE_TOKENS` completion tokens the stage streams (`stream_advantages`, the
+second half of this module): the same numbers, a chunk of rows at a time.
 
 numpy/polars only (no torch, no model), so this stage starts and finishes in about a second and a
 reward change re-runs it cheaply.
@@ -385,7 +386,7 @@ class ChunkTokens:
     token_rewards: np.ndarray | None = None
 
 
-def chunk_tokens(plan: RowPlan, cfg: AdvantageConfig, sources: Sources, index: int, *,
+def chunk_token_math(plan: RowPlan, cfg: AdvantageConfig, sources: Sources, index: int, *,
                  sequence_values: np.ndarray | None = None, mask_only: bool = False) -> ChunkTokens:
     """The row-local token math of one chunk, as the in-memory stage does it on the whole iteration."""
     kept, rows = plan.kept_rows(index)
@@ -413,7 +414,7 @@ def chunk_tokens(plan: RowPlan, cfg: AdvantageConfig, sources: Sources, index: i
     return chunk
 
 
-def row_plan(rows: pl.DataFrame, cfg: AdvantageConfig, chunk_tokens_: int) -> tuple[RowPlan, pl.DataFrame]:
+def row_plan(rows: pl.DataFrame, cfg: AdvantageConfig, chunk_size: int) -> tuple[RowPlan, pl.DataFrame]:
     """The kept rows' group statistics and filter reasons, exactly as `_compute_advantages` takes them, and
     the plan; ``rows``: one row per file row (keys, reward, completion_length, truncated, finish_reason)."""
     infra = (rows["finish_reason"] == FILTER_INFRA_ERROR).to_numpy()
@@ -437,7 +438,7 @@ def row_plan(rows: pl.DataFrame, cfg: AdvantageConfig, chunk_tokens_: int) -> tu
     lengths = rows["completion_length"].to_numpy().astype(np.int64)
     plan = RowPlan(kept=kept, lengths=lengths, rewards=inside["reward"].to_numpy().astype(np.float64),
                    trained=np.array([r is None for r in reason], dtype=bool),
-                   width=int(lengths[kept].max()) if kept.any() else 0, chunks=chunks_of(lengths, chunk_tokens_))
+                   width=int(lengths[kept].max()) if kept.any() else 0, chunks=chunks_of(lengths, chunk_size))
     return plan, stats
 
 
@@ -477,7 +478,7 @@ class TokenSums:
 def count_pass(plan: RowPlan, cfg: AdvantageConfig, sources: Sources) -> TokenSums:
     sums = TokenSums()
     for index in range(len(plan.chunks)):
-        chunk = chunk_tokens(plan, cfg, sources, index, mask_only=True)
+        chunk = chunk_token_math(plan, cfg, sources, index, mask_only=True)
         sums.n_mask += int(np.count_nonzero(chunk.mask))
         sums.n_est += int(np.count_nonzero(chunk.estimator_mask))
     return sums
@@ -495,7 +496,7 @@ def sums_pass(plan: RowPlan, cfg: AdvantageConfig, sources: Sources, sums: Token
     returns = StreamedSum(sums.n_est)
     kl = []
     for index in range(len(plan.chunks)):
-        chunk = chunk_tokens(plan, cfg, sources, index, sequence_values=sequence_values)
+        chunk = chunk_token_math(plan, cfg, sources, index, sequence_values=sequence_values)
         raw.add(chunk.raw[chunk.estimator_mask])
         if chunk.kl_B is not None:
             kl.append(chunk.kl_B)
@@ -514,7 +515,7 @@ def sums_pass(plan: RowPlan, cfg: AdvantageConfig, sources: Sources, sums: Token
     mean = np.float64(raw.total()) / n if n else np.float64(0.0)
     squares = StreamedSum(n)
     for index in range(len(plan.chunks)):
-        chunk = chunk_tokens(plan, cfg, sources, index, sequence_values=sequence_values)
+        chunk = chunk_token_math(plan, cfg, sources, index, sequence_values=sequence_values)
         deviations = chunk.raw[chunk.estimator_mask]
         deviations -= mean
         np.square(deviations, out=deviations)
@@ -554,7 +555,7 @@ def output_frames(plan: RowPlan, cfg: AdvantageConfig, sources: Sources, full: p
     for index, (start, stop) in enumerate(plan.chunks):
         kept, rows = plan.kept_rows(index)
         lengths = plan.lengths[start:stop]
-        chunk = chunk_tokens(plan, cfg, sources, index, mask_only=plain_sequence,
+        chunk = chunk_token_math(plan, cfg, sources, index, mask_only=plain_sequence,
                              sequence_values=None if plain_sequence else sequence_values)
         if plain_sequence:  # as `AdvantageResult.token_advantages_as(np.float32)`: A_i cast, then spread
             tokens = chunk.layout.broadcast(sequence_values[rows].astype(np.float32))
@@ -580,11 +581,11 @@ def output_frames(plan: RowPlan, cfg: AdvantageConfig, sources: Sources, full: p
 
 
 def stream_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights: dict[str, float] | None,
-                      sources: Sources, out: str, metadata: dict[str, Any], *, chunk_tokens_: int = CHUNK_TOKENS
+                      sources: Sources, out: str, metadata: dict[str, Any], *, chunk_size: int = CHUNK_TOKENS
                       ) -> tuple[dict[str, Any], dict[str, Any]]:
     """`compute_advantages` + `write_artifact` for an iteration read a chunk at a time: writes ``out`` and
     returns (metrics, KL-controller record). ``rows``: one row per file row, the row-level columns only."""
-    plan, stats = row_plan(rows, cfg, chunk_tokens_)
+    plan, stats = row_plan(rows, cfg, chunk_size)
     inside = rows if plan.kept.all() else rows.filter(pl.Series(plan.kept))
     groups = inside["prompt_id"].to_numpy()
     weights = list(reward_weights.values()) if reward_weights else None
@@ -646,7 +647,7 @@ def valid_rows(plan: RowPlan, cfg: AdvantageConfig, sources: Sources) -> np.ndar
     """Per kept row, whether it has a token in the estimator's mask."""
     out = []
     for index in range(len(plan.chunks)):
-        chunk = chunk_tokens(plan, cfg, sources, index, mask_only=True)
+        chunk = chunk_token_math(plan, cfg, sources, index, mask_only=True)
         counts = np.add.reduceat(chunk.estimator_mask.astype(np.int64), chunk.layout.offsets[:-1]) \
             if chunk.estimator_mask.size else np.zeros(chunk.layout.num_rows, dtype=np.int64)
         counts[chunk.layout.lengths == 0] = 0  # reduceat gives the next row's first value for an empty row

@@ -86,7 +86,7 @@ def test_the_streamed_stage_writes_what_the_in_memory_stage_writes(iteration, tm
     out = tmp_path / "streamed.parquet"
     sources = Sources(files["rollouts"], str(iteration / "ref_logprobs.parquet"), str(iteration / "values.parquet"))
     streamed_metrics, streamed_kl = stream_advantages(row_level, p.advantage, weights, sources, str(out),
-                                                      {"policy_version": 0}, chunk_tokens_=chunk_tokens)
+                                                      {"policy_version": 0}, chunk_size=chunk_tokens)
     streamed = read_artifact(out, ADVANTAGES).frame
     expected = read_artifact(write_artifact(whole, tmp_path / "whole.parquet", ADVANTAGES), ADVANTAGES).frame
     same_bits(streamed, expected)
