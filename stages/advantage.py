@@ -15,7 +15,8 @@ import typer
 from rlpipe.config import load_params
 from rlpipe.data.io import write_artifact, write_json
 from rlpipe.data.schema import ADVANTAGES
-from rlpipe.stages.advantage import compute_advantages, read_rows, reward_weights
+from rlpipe.stages.advantage import (Sources, compute_advantages, read_row_level, read_rows, reward_weights,
+                                     stream_advantages, streams)
 
 app = typer.Typer(add_completion=False)
 
@@ -34,14 +35,21 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     with timer.phase("setup"):
         p = load_params(params)
         weights = reward_weights(p)
-    with timer.phase("read"):
-        roll, rows = read_rows(p, rollouts=rollouts, scores=scores, ref_logprobs=ref_logprobs, values=values,
-                               weights=weights)
-    with timer.phase("compute"):
-        adv, m, kl_state = compute_advantages(rows, p.advantage, weights)
-    with timer.phase("write"):
-        write_artifact(adv, out, ADVANTAGES, metadata={"policy_version": roll.metadata.get("policy_version")})
-        write_json(kl_controller, {**kl_state, "policy_version": roll.metadata.get("policy_version")})
+    if streams(rollouts):  # too many tokens to hold: read, compute and write a chunk of rows at a time
+        with timer.phase("compute"):
+            roll, rows = read_row_level(p, rollouts=rollouts, scores=scores, weights=weights)
+            metadata = {"policy_version": roll.metadata.get("policy_version")}
+            m, kl_state = stream_advantages(rows, p.advantage, weights, Sources(rollouts, ref_logprobs, values), out,
+                                            metadata)
+    else:
+        with timer.phase("read"):
+            roll, rows = read_rows(p, rollouts=rollouts, scores=scores, ref_logprobs=ref_logprobs, values=values,
+                                   weights=weights)
+        with timer.phase("compute"):
+            adv, m, kl_state = compute_advantages(rows, p.advantage, weights)
+        with timer.phase("write"):
+            write_artifact(adv, out, ADVANTAGES, metadata={"policy_version": roll.metadata.get("policy_version")})
+    write_json(kl_controller, {**kl_state, "policy_version": roll.metadata.get("policy_version")})
     stage.write_metrics(metrics, "advantage", m, timer)
     stage.summary_line("advantage", rows=m["num_samples"], trained=m["num_trained"], seconds=timer.report()["total"])
 

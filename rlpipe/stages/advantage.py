@@ -1,6 +1,7 @@
 """The advantage stage's logic: group statistics, advantages per sample and per token, DAPO filters,
 and for the token-reward estimators (reinforce_plus_plus, gae) the KL-in-reward with its adaptive
-controller.
+controller. Above `STREAM_ABOVE_TOKENS` completion tokens the stage streams (`stream_advantages`, the
+second half of this module): the same numbers, a chunk of rows at a time.
 
 numpy/polars only (no torch, no model), so this stage starts and finishes in about a second and a
 reward change re-runs it cheaply.
@@ -11,19 +12,24 @@ vLLM the gap is reported every iteration (train metrics ``sampler_mismatch_*``).
 """
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import polars as pl
 
 from rlpipe.algorithms import ragged
-from rlpipe.algorithms.advantages import adaptive_kl_beta
+from rlpipe.algorithms.advantages import adaptive_kl_beta, as_rewards, group_metrics, group_stats
 from rlpipe.algorithms.estimators import get_advantage_estimator
+from rlpipe.algorithms.group_advantages import baseline_centred_rewards, gdpo_weighted_sum
 from rlpipe.algorithms.ragged import Layout
+from rlpipe.algorithms.streamed_sum import StreamedSum, Whitening, whitening_from_sums
 from rlpipe.config import AdvantageConfig, Params
-from rlpipe.data.io import Artifact, join_on_keys, read_artifact, require_critic_values
+from rlpipe.data.io import Artifact, join_on_keys, read_artifact, require_critic_values, write_artifact_parts
 from rlpipe.data.lists import flat_values, list_column
-from rlpipe.data.schema import REF_LOGPROBS, ROLLOUTS, SCORES, TOKEN_FLOATS, VALUES, component_column
+from rlpipe.data.schema import ADVANTAGES, REF_LOGPROBS, ROLLOUTS, SCORES, TOKEN_FLOATS, VALUES, component_column
 from rlpipe.errors import ArtifactError
 
 FILTER_ZERO_VARIANCE = "zero_variance_group"
@@ -255,3 +261,395 @@ def read_rows(p: Params, *, rollouts: str, scores: str, ref_logprobs: str | None
         rows = join_on_keys(roll.with_frame(rows), table, columns=["values"])
         wanted += ["values"]
     return roll, rows.select(wanted)
+
+
+def read_row_level(p: Params, *, rollouts: str, scores: str, weights: dict[str, float] | None
+                   ) -> tuple[Artifact, pl.DataFrame]:
+    """`read_rows` without the token columns: what the streamed stage (`rlpipe.stages.advantage_stream`) holds
+    for the whole iteration; its token columns are read a chunk of rows at a time."""
+    roll = read_artifact(rollouts, ROLLOUTS, columns=["completion_length", "truncated", "finish_reason"])
+    score_columns = ["reward", *(weights or {})]
+    rows = join_on_keys(roll, read_artifact(scores, SCORES, columns=score_columns), columns=score_columns)
+    check_finite_rewards(rows, scores, allow_nan=p.advantage.nan_rewards == "zero_advantage")
+    return roll, rows.select("prompt_id", "sample_idx", "reward", "completion_length", "truncated", "finish_reason",
+                             *(weights or {}))
+
+
+# --------------------------------------------------------------------------------------------
+# the streamed stage: an iteration too large to hold. The row-level work once, the token work a chunk of
+# rows at a time, the same numbers as `compute_advantages`.
+#
+# Why: at 1B tokens the in-memory stage needs 10 GiB (GRPO) to 60 GiB (GAE). What an estimator needs across
+# rows is per row (rewards, groups, lengths: 1M rows is megabytes); what needs every token is a sum over them
+# (whitening's mean and spread, the metrics' token means), which `rlpipe.algorithms.streamed_sum` takes bit for
+# bit as numpy takes it over the whole array. So each pass reads a chunk of rows (`read_artifact(rows=)`), does
+# the row-local token math of `rlpipe.algorithms.ragged` on it with the whole iteration's padded width (row sums
+# and reward-to-go depend on it), and adds to the sums; the last pass writes the chunk (`write_artifact_parts`).
+# Passes: a count (the policy masks alone), then for token estimators the sums and the squared deviations
+# (whitening), then the output. Time for memory: the token columns are read up to four times.
+#
+# Chunks end at row boundaries, so a row's tokens are in one chunk, and the rows keep their order.
+
+STREAM_ABOVE_TOKENS = 1 << 27  # iterations with more completion tokens take this path (134M: above 67-78M sets)
+STREAM_ENV = "RLPIPE_STREAM_ABOVE_TOKENS"  # overrides it (benchmarks, tests): never changes a result
+CHUNK_TOKENS = 1 << 22  # completion tokens per chunk, about (4M: ~0.2 GiB of float64 temporaries)
+TOKEN_ESTIMATORS = ("reinforce_plus_plus", "gae")
+WHITENED_SEQUENCE_ESTIMATORS = ("reinforce_plus_plus_baseline", "gdpo")
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The stage's token input files (ref log-probs: the KL in the reward; values: gae)."""
+
+    rollouts: str
+    ref_logprobs: str | None
+    values: str | None
+
+
+@dataclass
+class RowPlan:
+    """Per row, what every pass needs: which file rows the estimator sees (``kept``), their rewards, groups
+    and filter state, the chunks of file rows, and the padded width of the in-memory stage."""
+
+    kept: np.ndarray  # bool [B]: not left out (infra error, unscorable)
+    lengths: np.ndarray  # int64 [B]: completion lengths of every file row
+    rewards: np.ndarray  # float64 [B_kept]
+    trained: np.ndarray  # bool [B_kept]: no filter reason
+    width: int  # the longest kept completion
+    chunks: list[tuple[int, int]]  # file rows [start, stop)
+
+    def kept_rows(self, index: int) -> tuple[np.ndarray, slice]:
+        """The kept flags of chunk ``index``'s file rows, and where its kept rows sit among all kept rows."""
+        start, stop = self.chunks[index]
+        kept = self.kept[start:stop]
+        first = int(np.count_nonzero(self.kept[:start]))
+        return kept, slice(first, first + int(np.count_nonzero(kept)))
+
+
+def streams(rollouts: str) -> bool:
+    """Whether the advantage stage streams this rollout table: more completion tokens than the threshold."""
+    threshold = int(os.environ.get(STREAM_ENV, STREAM_ABOVE_TOKENS))
+    lengths = read_artifact(rollouts, ROLLOUTS, columns=["completion_length"]).frame["completion_length"]
+    return int(lengths.sum()) > threshold
+
+
+def chunks_of(lengths: np.ndarray, chunk_tokens: int) -> list[tuple[int, int]]:
+    """Row ranges of about ``chunk_tokens`` completion tokens each (a longer row gets a chunk of its own)."""
+    bounds, start, tokens = [], 0, 0
+    for i, n in enumerate(np.asarray(lengths).tolist()):
+        if tokens and tokens + n > chunk_tokens:
+            bounds.append((start, i))
+            start, tokens = i, 0
+        tokens += n
+    if start < len(lengths) or not bounds:
+        bounds.append((start, len(lengths)))
+    return bounds
+
+
+def read_chunk(sources: Sources, cfg: AdvantageConfig, rows: tuple[int, int], *, mask_only: bool = False
+               ) -> dict[str, np.ndarray]:
+    """The flat token arrays of file rows [start, stop): the policy mask, and unless ``mask_only`` the
+    log-probs and values the estimator reads."""
+    columns = ["policy_mask"] + (["sampler_logprobs"] if cfg.uses_token_rewards and not mask_only else [])
+    roll = read_artifact(sources.rollouts, ROLLOUTS, columns=columns, rows=rows).frame
+    out = {"mask": flat_values(roll["policy_mask"], bool)}
+    if mask_only:
+        return out
+    if cfg.uses_token_rewards:
+        out["old"] = flat_values(roll["sampler_logprobs"], np.float64)
+        ref = read_artifact(sources.ref_logprobs, REF_LOGPROBS, columns=["ref_logprobs"], rows=rows).frame
+        out["ref"] = flat_values(ref["ref_logprobs"], np.float64)
+    if cfg.needs_critic:
+        values = read_artifact(sources.values, VALUES, columns=["values"], rows=rows).frame
+        out["values"] = flat_values(values["values"], np.float64)
+    return out
+
+
+def kept_tokens(arrays: dict[str, np.ndarray], lengths: np.ndarray, kept: np.ndarray) -> dict[str, np.ndarray]:
+    """The chunk's arrays without the tokens of its left-out rows (the estimator never sees them)."""
+    if kept.all():
+        return arrays
+    keep = np.repeat(kept, lengths)
+    return {name: values[keep] for name, values in arrays.items()}
+
+
+@dataclass
+class ChunkTokens:
+    """One chunk's kept rows: their layout (the iteration's width), masks, and token values."""
+
+    layout: Layout
+    mask: np.ndarray  # the policy's tokens
+    estimator_mask: np.ndarray  # ... of trained rows (token estimators), as the in-memory stage masks
+    raw: np.ndarray | None = None  # what is whitened (returns, GAE's A, or A_i spread), 0 outside the mask
+    returns: np.ndarray | None = None  # gae's critic targets
+    kl_B: np.ndarray | None = None
+    token_rewards: np.ndarray | None = None
+
+
+def chunk_token_math(plan: RowPlan, cfg: AdvantageConfig, sources: Sources, index: int, *,
+                 sequence_values: np.ndarray | None = None, mask_only: bool = False) -> ChunkTokens:
+    """The row-local token math of one chunk, as the in-memory stage does it on the whole iteration."""
+    kept, rows = plan.kept_rows(index)
+    lengths = plan.lengths[plan.chunks[index][0]:plan.chunks[index][1]]
+    arrays = kept_tokens(read_chunk(sources, cfg, plan.chunks[index], mask_only=mask_only), lengths, kept)
+    layout = Layout.from_lengths(lengths[kept], width=plan.width)
+    mask = arrays["mask"]
+    estimator_mask = mask & layout.broadcast(plan.trained[rows]) if cfg.uses_token_rewards else mask
+    chunk = ChunkTokens(layout, mask, estimator_mask)
+    if mask_only:
+        return chunk
+    if sequence_values is not None:  # a sequence estimator: A_i at each valid token
+        chunk.raw = layout.broadcast(np.asarray(sequence_values[rows], dtype=np.float64))
+        chunk.raw[~estimator_mask] = 0.0
+        return chunk
+    k = cfg.kl_in_reward
+    kl = ragged.token_kl(arrays["old"], arrays["ref"], mask, estimator=k.estimator)
+    chunk.kl_B = ragged.row_sums(kl, layout)
+    chunk.token_rewards = ragged.penalized_rewards(plan.rewards[rows], kl, mask, layout, beta=k.beta)
+    if cfg.estimator == "gae":
+        chunk.raw, chunk.returns = ragged.gae(chunk.token_rewards, arrays["values"], estimator_mask, layout,
+                                             gamma=cfg.gamma, lam=cfg.lam)
+    else:
+        chunk.raw = ragged.reward_to_go(chunk.token_rewards, estimator_mask, layout)
+    return chunk
+
+
+def row_plan(rows: pl.DataFrame, cfg: AdvantageConfig, chunk_size: int) -> tuple[RowPlan, pl.DataFrame]:
+    """The kept rows' group statistics and filter reasons, exactly as `_compute_advantages` takes them, and
+    the plan; ``rows``: one row per file row (keys, reward, completion_length, truncated, finish_reason)."""
+    infra = (rows["finish_reason"] == FILTER_INFRA_ERROR).to_numpy()
+    unscorable = (rows["reward"].is_nan().fill_null(True).to_numpy() if cfg.nan_rewards == "zero_advantage"
+                  else np.zeros(rows.height, dtype=bool))
+    kept = ~(infra | unscorable)
+    inside = rows if kept.all() else rows.filter(pl.Series(kept))
+    ddof = 1 if cfg.std_mode == "sample" else 0
+    stats = inside.select(
+        "prompt_id", "sample_idx", "truncated",
+        pl.len().over("prompt_id").cast(pl.Int32).alias("group_size"),
+        pl.col("reward").mean().over("prompt_id").alias("group_reward_mean"),
+        pl.col("reward").std(ddof=ddof).over("prompt_id").fill_null(0.0).fill_nan(0.0).alias("group_reward_std"),
+    )
+    reason = np.full(inside.height, None, dtype=object)
+    if cfg.drop_truncated:
+        reason[stats["truncated"].to_numpy()] = FILTER_TRUNCATED
+    if cfg.drop_zero_variance_groups:
+        reason[stats["group_reward_std"].to_numpy() == 0.0] = FILTER_ZERO_VARIANCE
+    stats = stats.drop("truncated").with_columns(pl.Series("filtered_reason", reason.tolist(), dtype=pl.String))
+    lengths = rows["completion_length"].to_numpy().astype(np.int64)
+    plan = RowPlan(kept=kept, lengths=lengths, rewards=inside["reward"].to_numpy().astype(np.float64),
+                   trained=np.array([r is None for r in reason], dtype=bool),
+                   width=int(lengths[kept].max()) if kept.any() else 0, chunks=chunks_of(lengths, chunk_size))
+    return plan, stats
+
+
+def sequence_values_of(cfg: AdvantageConfig, plan: RowPlan, groups: np.ndarray, components: np.ndarray | None,
+                       options: dict) -> tuple[np.ndarray, dict]:
+    """A_i and the metrics of a sequence estimator, per kept row (the whitened ones: A_i before whitening)."""
+    rewards = plan.rewards
+    if cfg.estimator == "reinforce_plus_plus_baseline":
+        return baseline_centred_rewards(rewards, groups, singleton_groups=options["singleton_groups"])
+    if cfg.estimator == "gdpo":
+        total = gdpo_weighted_sum(components, groups, weights_K=np.asarray(options["reward_weights"], dtype=np.float64),
+                                  std_mode=options["std_mode"], eps=options["eps"],
+                                  singleton_groups=options["singleton_groups"])
+        _, size_g, _, singleton_g, zero_var_g = group_stats(as_rewards(rewards), groups)
+        return total, {**group_metrics(size_g, singleton_g, zero_var_g), "reward_components": int(components.shape[1])}
+    # the plain sequence estimators read no token: a layout of empty rows gives their A_i and metrics
+    result = get_advantage_estimator(cfg.estimator)(
+        rewards_B=rewards, group_index_B=groups, layout=Layout.from_lengths(np.zeros(rewards.size, dtype=np.int64)),
+        mask_N=np.zeros(0, dtype=bool), token_rewards_N=None, values_N=None, component_rewards_BK=components,
+        options=options)
+    return result.sequence_advantages_B, dict(result.metrics)
+
+
+@dataclass
+class TokenSums:
+    """What the token passes found: counts, KL row sums, and the float64 sums the metrics and whitening use."""
+
+    n_mask: int = 0
+    n_est: int = 0
+    kl_B: np.ndarray | None = None
+    token_reward_mean: float = 0.0
+    raw_mean: float = 0.0
+    return_mean: float = 0.0
+    whitening: Whitening | None = None
+
+
+def count_pass(plan: RowPlan, cfg: AdvantageConfig, sources: Sources) -> TokenSums:
+    sums = TokenSums()
+    for index in range(len(plan.chunks)):
+        chunk = chunk_token_math(plan, cfg, sources, index, mask_only=True)
+        sums.n_mask += int(np.count_nonzero(chunk.mask))
+        sums.n_est += int(np.count_nonzero(chunk.estimator_mask))
+    return sums
+
+
+def mean_of(total: StreamedSum, n: int) -> float:
+    """np.mean's value: the pairwise sum over the count (0.0 for no values, as the stage reports it)."""
+    return float(np.float64(total.total()) / n) if n else 0.0
+
+
+def sums_pass(plan: RowPlan, cfg: AdvantageConfig, sources: Sources, sums: TokenSums,
+              sequence_values: np.ndarray | None, whiten: bool) -> None:
+    """Token estimators: KL row sums and the token means; whitening's centre and scale (two passes)."""
+    raw, rewards = StreamedSum(sums.n_est), StreamedSum(sums.n_mask)
+    returns = StreamedSum(sums.n_est)
+    kl = []
+    for index in range(len(plan.chunks)):
+        chunk = chunk_token_math(plan, cfg, sources, index, sequence_values=sequence_values)
+        raw.add(chunk.raw[chunk.estimator_mask])
+        if chunk.kl_B is not None:
+            kl.append(chunk.kl_B)
+            rewards.add(chunk.token_rewards[chunk.mask])
+        if chunk.returns is not None:
+            returns.add(chunk.returns[chunk.estimator_mask])
+    if sequence_values is None:
+        sums.kl_B = np.concatenate(kl) if kl else np.zeros(0)
+        sums.token_reward_mean = mean_of(rewards, sums.n_mask)
+        sums.raw_mean = mean_of(raw, sums.n_est) if cfg.needs_critic else 0.0
+        if cfg.needs_critic:
+            sums.return_mean = mean_of(returns, sums.n_est)
+    if not whiten:
+        return
+    n = sums.n_est
+    mean = np.float64(raw.total()) / n if n else np.float64(0.0)
+    squares = StreamedSum(n)
+    for index in range(len(plan.chunks)):
+        chunk = chunk_token_math(plan, cfg, sources, index, sequence_values=sequence_values)
+        deviations = chunk.raw[chunk.estimator_mask]
+        deviations -= mean
+        np.square(deviations, out=deviations)
+        squares.add(deviations)
+    sums.whitening = whitening_from_sums(float(mean), squares.total() if n else 0.0, n, form=cfg.whiten_form,
+                                         eps=cfg.whiten_eps)
+
+
+def full_rows(rows: pl.DataFrame, plan: RowPlan, stats: pl.DataFrame, cfg: AdvantageConfig) -> pl.DataFrame:
+    """Every file row's row-level columns, left-out rows with their group's statistics (as
+    `compute_advantages` fills them), in key order."""
+    if plan.kept.all():
+        return stats
+    left = rows.filter(pl.Series(~plan.kept))
+    groups = stats.group_by("prompt_id").agg(pl.col("group_size", "group_reward_mean", "group_reward_std").first())
+    infra = (left["finish_reason"] == FILTER_INFRA_ERROR).to_list()
+    extra = left.select("prompt_id", "sample_idx").join(groups, on="prompt_id", how="left").with_columns(
+        pl.col("group_size").fill_null(0), pl.col("group_reward_mean", "group_reward_std").fill_null(0.0),
+        pl.Series("filtered_reason", [FILTER_INFRA_ERROR if bad else None for bad in infra], dtype=pl.String))
+    return pl.concat([stats, extra.select(stats.columns)]).sort(["prompt_id", "sample_idx"])
+
+
+def spread_into(values_kept: np.ndarray, lengths: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """A chunk's token values for every file row: the kept rows' values, 0 at the left-out rows' tokens."""
+    if kept.all():
+        return values_kept
+    out = np.zeros(int(lengths.sum()), dtype=values_kept.dtype)
+    out[np.repeat(kept, lengths)] = values_kept
+    return out
+
+
+def output_frames(plan: RowPlan, cfg: AdvantageConfig, sources: Sources, full: pl.DataFrame, sums: TokenSums,
+                  sequence_values: np.ndarray | None, advantage_B: np.ndarray | None,
+                  adv_sum: StreamedSum | None, abs_sum: StreamedSum | None) -> Iterator[pl.DataFrame]:
+    """The advantage table a chunk at a time; adds the token estimators' final advantages to the sums."""
+    plain_sequence = cfg.estimator not in TOKEN_ESTIMATORS + WHITENED_SEQUENCE_ESTIMATORS
+    for index, (start, stop) in enumerate(plan.chunks):
+        kept, rows = plan.kept_rows(index)
+        lengths = plan.lengths[start:stop]
+        chunk = chunk_token_math(plan, cfg, sources, index, mask_only=plain_sequence,
+                             sequence_values=None if plain_sequence else sequence_values)
+        if plain_sequence:  # as `AdvantageResult.token_advantages_as(np.float32)`: A_i cast, then spread
+            tokens = chunk.layout.broadcast(sequence_values[rows].astype(np.float32))
+            tokens[~chunk.estimator_mask] = 0
+        else:
+            final = sums.whitening.apply(chunk.raw, chunk.estimator_mask) if sums.whitening else chunk.raw
+            if adv_sum is not None:
+                valid = final[chunk.estimator_mask]
+                adv_sum.add(valid)
+                abs_sum.add(np.abs(valid))
+            tokens = final.astype(np.float32)
+        frame = full[start:stop]
+        returns = (list_column("returns", spread_into(chunk.returns.astype(np.float32), lengths, kept), lengths,
+                               TOKEN_FLOATS) if chunk.returns is not None
+                   else pl.Series("returns", [None] * frame.height, dtype=TOKEN_FLOATS))
+        advantage = (pl.Series("advantage", advantage_B[start:stop], dtype=pl.Float32) if advantage_B is not None
+                     else pl.Series("advantage", [None] * frame.height, dtype=pl.Float32))
+        yield frame.with_columns(
+            advantage, list_column("token_advantages", spread_into(tokens, lengths, kept), lengths, TOKEN_FLOATS),
+            returns,
+        ).select("prompt_id", "sample_idx", "group_size", "group_reward_mean", "group_reward_std", "advantage",
+                 "token_advantages", "returns", "filtered_reason")
+
+
+def stream_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights: dict[str, float] | None,
+                      sources: Sources, out: str, metadata: dict[str, Any], *, chunk_size: int = CHUNK_TOKENS
+                      ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`compute_advantages` + `write_artifact` for an iteration read a chunk at a time: writes ``out`` and
+    returns (metrics, KL-controller record). ``rows``: one row per file row, the row-level columns only."""
+    plan, stats = row_plan(rows, cfg, chunk_size)
+    inside = rows if plan.kept.all() else rows.filter(pl.Series(plan.kept))
+    groups = inside["prompt_id"].to_numpy()
+    weights = list(reward_weights.values()) if reward_weights else None
+    components = (np.stack([inside[c].cast(pl.Float64).fill_null(np.nan).to_numpy() for c in reward_weights], axis=1)
+                  if cfg.uses_reward_components else None)
+    options = estimator_options(cfg, weights)
+    token_level = cfg.estimator in TOKEN_ESTIMATORS
+    sequence_values, estimator_metrics = (None, {}) if token_level else sequence_values_of(
+        cfg, plan, groups, components, options)
+    sums = count_pass(plan, cfg, sources)
+    whitened = cfg.estimator in WHITENED_SEQUENCE_ESTIMATORS
+    if token_level or whitened:
+        sums_pass(plan, cfg, sources, sums, sequence_values, whiten=whitened or cfg.estimator == "reinforce_plus_plus"
+                  or cfg.whiten)
+    seq_adv = sequence_values
+    if whitened:  # A_i of a row = its first valid token's whitened value, 0 for a row without one
+        has_valid = valid_rows(plan, cfg, sources)
+        w = sums.whitening
+        whitened_B = np.zeros(seq_adv.shape) if w is None else (np.asarray(seq_adv, dtype=np.float64) - w.mean) / w.scale
+        seq_adv = np.where(has_valid, whitened_B, 0.0)
+    advantage_B = None
+    if seq_adv is not None:
+        advantage_B = np.zeros(plan.kept.size, dtype=np.float32)
+        advantage_B[plan.kept] = np.asarray(seq_adv).astype(np.float32)
+    full = full_rows(rows, plan, stats, cfg)
+    adv_sum = abs_sum = None
+    if token_level:
+        adv_sum, abs_sum = StreamedSum(sums.n_est), StreamedSum(sums.n_est)
+    write_artifact_parts(output_frames(plan, cfg, sources, full, sums, sequence_values, advantage_B, adv_sum, abs_sum),
+                         out, ADVANTAGES, metadata=metadata)
+    trained = full["filtered_reason"].is_null()
+    infra = int((rows["finish_reason"] == FILTER_INFRA_ERROR).sum())
+    metrics: dict[str, Any] = {
+        "estimator": cfg.estimator,
+        "num_samples": rows.height,
+        "num_trained": int(trained.sum()),
+        "filtered": {k: int((full["filtered_reason"] == k).sum()) for k in (FILTER_ZERO_VARIANCE, FILTER_TRUNCATED,
+                                                                            FILTER_INFRA_ERROR)},
+        "advantage_mean": float(np.mean(seq_adv)) if seq_adv is not None else None,
+        "advantage_abs_mean": float(np.mean(np.abs(seq_adv))) if seq_adv is not None else None,
+        **estimator_metrics,
+    }
+    if token_level:
+        metrics["num_valid_tokens"] = sums.n_est
+        if cfg.estimator == "gae":
+            metrics.update(raw_advantage_mean=sums.raw_mean, return_mean=sums.return_mean)
+        metrics["advantage_mean"] = mean_of(adv_sum, sums.n_est)
+        metrics["advantage_abs_mean"] = mean_of(abs_sum, sums.n_est)
+    kl_state = kl_controller_state(cfg, sums.kl_B if token_level else None)
+    if token_level:
+        metrics.update({"kl_reward_beta": kl_state["beta"], "kl_reward_observed": kl_state["observed_kl"],
+                        "kl_reward_next_beta": kl_state["next_beta"], "token_reward_mean": sums.token_reward_mean})
+    if not plan.kept.all():
+        metrics["unscorable"] = int((~plan.kept).sum()) - infra
+    return metrics, kl_state
+
+
+def valid_rows(plan: RowPlan, cfg: AdvantageConfig, sources: Sources) -> np.ndarray:
+    """Per kept row, whether it has a token in the estimator's mask."""
+    out = []
+    for index in range(len(plan.chunks)):
+        chunk = chunk_token_math(plan, cfg, sources, index, mask_only=True)
+        counts = np.add.reduceat(chunk.estimator_mask.astype(np.int64), chunk.layout.offsets[:-1]) \
+            if chunk.estimator_mask.size else np.zeros(chunk.layout.num_rows, dtype=np.int64)
+        counts[chunk.layout.lengths == 0] = 0  # reduceat gives the next row's first value for an empty row
+        out.append(counts > 0)
+    return np.concatenate(out) if out else np.zeros(0, dtype=bool)

@@ -1,0 +1,152 @@
+"""numpy's sum of a float64 array whose values arrive in pieces, bit for bit.
+
+Why: a streamed stage (advantage at 1B tokens) must whiten over every token of the iteration without holding
+them, and give the bytes the in-memory stage gives. ``np.sum`` of a contiguous float64 array is a pairwise
+sum whose tree depends only on the array's length: a node of n > 128 values splits at n2 = n // 2 rounded
+down to a multiple of 8, and any node, summed alone by ``np.sum``, gives the value it has inside the tree.
+So the leaves of that tree no longer than ``cap`` are summed by ``np.sum`` as their values arrive, and the
+leaves' sums are added along the tree at the end: the same additions in the same order as ``np.sum`` of the
+whole array. Memory: ``cap`` values and one float per leaf.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlpipe.algorithms import ragged
+
+BLOCK = 128  # numpy's PW_BLOCKSIZE: a node this long or shorter is summed in one loop, not split
+
+
+def split_point(n: int) -> int:
+    """Where numpy's pairwise sum splits a node of n > BLOCK values: n // 2, down to a multiple of 8."""
+    half = n // 2
+    return half - half % 8
+
+
+def leaves(n: int, cap: int) -> list[tuple[int, int]]:
+    """The nodes [start, stop) of the pairwise tree over n values that are no longer than ``cap`` while their
+    parent is, left to right: they cover [0, n) without overlap."""
+    if cap < BLOCK:
+        raise ValueError(f"cap must be at least {BLOCK} values, got {cap}")
+    out: list[tuple[int, int]] = []
+    stack = [(0, n)]
+    while stack:
+        start, stop = stack.pop()
+        if stop - start <= cap:
+            out.append((start, stop))
+        else:
+            mid = start + split_point(stop - start)
+            stack += [(mid, stop), (start, mid)]  # left first out of the stack
+    return out
+
+
+class StreamedSum:
+    """``np.sum`` of ``n`` float64 values given in order, in pieces of any size (`add`), read at the end (`total`)."""
+
+    def __init__(self, n: int, *, cap: int = 1 << 20):
+        self.n, self.cap = n, cap
+        self._leaves = leaves(n, cap) if n else []
+        self._sums: list[float] = []
+        self._pending: list[np.ndarray] = []
+        self._pending_size = 0
+        self._seen = 0
+
+    def add(self, values: np.ndarray) -> None:
+        """The next values of the array (float64, any length)."""
+        values = np.ascontiguousarray(values, dtype=np.float64)
+        self._seen += values.size
+        if self._seen > self.n:
+            raise ValueError(f"StreamedSum of {self.n} values was given {self._seen}")
+        self._pending.append(values)
+        self._pending_size += values.size
+        while len(self._sums) < len(self._leaves):
+            start, stop = self._leaves[len(self._sums)]
+            if self._pending_size < stop - start:
+                break
+            leaf = self._take(stop - start)
+            self._sums.append(np.sum(leaf))
+
+    def _take(self, count: int) -> np.ndarray:
+        joined = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+        rest = joined[count:]
+        self._pending, self._pending_size = ([rest] if rest.size else []), rest.size
+        return joined[:count]
+
+    def total(self) -> float:
+        """The sum, once all ``n`` values were given: the float ``np.sum`` returns for them together."""
+        if self._seen != self.n:
+            raise ValueError(f"StreamedSum of {self.n} values was given {self._seen}")
+        if self.n == 0:
+            return float(np.sum(np.zeros(0)))
+        sums = iter(self._sums)
+        leaf_set = set(self._leaves)
+
+        def node(start: int, stop: int):
+            if (start, stop) in leaf_set:
+                return next(sums)
+            mid = start + split_point(stop - start)
+            return node(start, mid) + node(mid, stop)
+
+        return float(node(0, self.n))
+
+
+@dataclass(frozen=True)
+class Whitening:
+    """`rlpipe.algorithms.ragged.whiten`'s centre and scale, found over values given in pieces (`whitening`);
+    ``scale`` None: every output is 0 (no valid token, one with the unbiased form, or all equal with eps 0)."""
+
+    mean: float
+    scale: float | None
+
+    def apply(self, x_N: np.ndarray, mask_N: np.ndarray) -> np.ndarray:
+        """This piece whitened, bit for bit the same piece of `ragged.whiten` of the whole array."""
+        m = np.asarray(mask_N, dtype=bool)
+        if self.scale is None:
+            return np.zeros(m.shape, dtype=np.float64)
+        x = ragged.valid_tokens(x_N, "x", m)
+        x -= self.mean
+        x /= self.scale
+        x[~m] = 0.0
+        return x
+
+
+def whitening(pieces: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], *, form: str, eps: float,
+              cap: int = 1 << 20) -> Whitening:
+    """The centre and scale `ragged.whiten` takes, over every valid token of the (x_N, mask_N) pieces that
+    ``pieces()`` yields in order; called twice (the mean, then the squared deviations), so each pass reads
+    the pieces again rather than keeping them. Same float operations as `ragged.whiten`."""
+    if form not in ("std", "unbiased_rsqrt", "population_rsqrt"):
+        raise ValueError(f"unknown whitening form {form!r}; valid: ['std', 'unbiased_rsqrt', 'population_rsqrt']")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    n = sum(int(np.count_nonzero(m)) for _, m in pieces())
+    if n == 0 or (form == "unbiased_rsqrt" and n == 1):
+        return Whitening(0.0, None)
+    total = StreamedSum(n, cap=cap)
+    for x, m in pieces():
+        total.add(ragged.valid_tokens(x, "x", np.asarray(m, dtype=bool))[np.asarray(m, dtype=bool)])
+    mean = np.float64(total.total()) / n  # np.mean: the pairwise sum over the count
+    squares = StreamedSum(n, cap=cap)
+    for x, m in pieces():
+        m = np.asarray(m, dtype=bool)
+        deviations = ragged.valid_tokens(x, "x", m)[m]
+        deviations -= mean
+        np.square(deviations, out=deviations)
+        squares.add(deviations)
+    return whitening_from_sums(float(mean), squares.total(), n, form=form, eps=eps)
+
+
+def whitening_from_sums(mean: float, squared: float, n: int, *, form: str, eps: float) -> Whitening:
+    """`ragged.whiten`'s scale from the valid tokens' mean, their summed squared deviations and their count."""
+    if n == 0 or (form == "unbiased_rsqrt" and n == 1):
+        return Whitening(0.0, None)
+    if form == "std":
+        scale = np.sqrt(squared / n) + eps
+    elif form == "unbiased_rsqrt":
+        scale = np.sqrt(squared / (n - 1) + eps)
+    else:
+        scale = np.sqrt(max(squared / n, eps))
+    return Whitening(float(mean), None if scale == 0.0 else float(scale))
