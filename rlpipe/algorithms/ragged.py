@@ -224,13 +224,31 @@ def reward_to_go(token_rewards_N, mask_N, layout: Layout) -> np.ndarray:
     return out
 
 
-def whiten(x_N, mask_N, *, form: str, eps: float) -> np.ndarray:
-    """Centre and scale by the mean and spread of the valid tokens (forms and worked example:
-    `rlpipe.algorithms.advantages.whiten`). Shapes: [N] -> [N], 0 outside the mask."""
+def check_whitening(form: str, eps: float) -> None:
     if form not in ("std", "unbiased_rsqrt", "population_rsqrt"):
         raise ValueError(f"unknown whitening form {form!r}; valid: ['std', 'unbiased_rsqrt', 'population_rsqrt']")
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
+
+
+def whitening_scale(squares: float, n: int, *, form: str, eps: float) -> float | None:
+    """What `whiten` divides by, from the valid tokens' summed squared deviations and their count; None
+    where every output is 0 (no valid token, one with the unbiased form, or a scale of 0)."""
+    if n == 0 or (form == "unbiased_rsqrt" and n == 1):
+        return None
+    if form == "std":
+        scale = np.sqrt(squares / n) + eps
+    elif form == "unbiased_rsqrt":
+        scale = np.sqrt(squares / (n - 1) + eps)
+    else:
+        scale = np.sqrt(max(squares / n, eps))
+    return None if scale == 0.0 else scale
+
+
+def whiten(x_N, mask_N, *, form: str, eps: float) -> np.ndarray:
+    """Centre and scale by the mean and spread of the valid tokens (forms and worked example:
+    `rlpipe.algorithms.advantages.whiten`). Shapes: [N] -> [N], 0 outside the mask."""
+    check_whitening(form, eps)
     m = np.asarray(mask_N, dtype=bool)
     x = valid_tokens(x_N, "x", m)
     n = int(m.sum())
@@ -240,15 +258,9 @@ def whiten(x_N, mask_N, *, form: str, eps: float) -> np.ndarray:
     mean = deviations.mean()
     deviations -= mean
     np.square(deviations, out=deviations)
-    squares = float(deviations.sum())
+    scale = whitening_scale(float(deviations.sum()), n, form=form, eps=eps)
     del deviations
-    if form == "std":
-        scale = np.sqrt(squares / n) + eps
-    elif form == "unbiased_rsqrt":
-        scale = np.sqrt(squares / (n - 1) + eps)
-    else:
-        scale = np.sqrt(max(squares / n, eps))
-    if scale == 0.0:  # all valid values equal and eps = 0: nothing to scale
+    if scale is None:  # all valid values equal and eps = 0: nothing to scale
         return np.zeros(m.shape, dtype=np.float64)
     x -= mean  # in place on valid_tokens' copy: the same bits as (x - mean) / scale, without two more arrays
     x /= scale

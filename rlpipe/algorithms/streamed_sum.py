@@ -118,10 +118,7 @@ def whitening(pieces: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], *, 
     """The centre and scale `ragged.whiten` takes, over every valid token of the (x_N, mask_N) pieces that
     ``pieces()`` yields in order; called twice (the mean, then the squared deviations), so each pass reads
     the pieces again rather than keeping them. Same float operations as `ragged.whiten`."""
-    if form not in ("std", "unbiased_rsqrt", "population_rsqrt"):
-        raise ValueError(f"unknown whitening form {form!r}; valid: ['std', 'unbiased_rsqrt', 'population_rsqrt']")
-    if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
+    ragged.check_whitening(form, eps)
     n = sum(int(np.count_nonzero(m)) for _, m in pieces())
     if n == 0 or (form == "unbiased_rsqrt" and n == 1):
         return Whitening(0.0, None)
@@ -140,13 +137,7 @@ def whitening(pieces: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], *, 
 
 
 def whitening_from_sums(mean: float, squared: float, n: int, *, form: str, eps: float) -> Whitening:
-    """`ragged.whiten`'s scale from the valid tokens' mean, their summed squared deviations and their count."""
-    if n == 0 or (form == "unbiased_rsqrt" and n == 1):
-        return Whitening(0.0, None)
-    if form == "std":
-        scale = np.sqrt(squared / n) + eps
-    elif form == "unbiased_rsqrt":
-        scale = np.sqrt(squared / (n - 1) + eps)
-    else:
-        scale = np.sqrt(max(squared / n, eps))
-    return Whitening(float(mean), None if scale == 0.0 else float(scale))
+    """`ragged.whiten`'s centre and scale from the valid tokens' mean, their summed squared deviations and
+    their count."""
+    scale = ragged.whitening_scale(squared, n, form=form, eps=eps)
+    return Whitening(float(mean), None if scale is None else float(scale))
