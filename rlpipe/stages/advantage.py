@@ -92,6 +92,59 @@ def check_finite_rewards(rows: pl.DataFrame, source: str, *, allow_nan: bool = F
                             + (" ..." if bad.height > 5 else ""))
 
 
+def left_out(rows: pl.DataFrame, cfg: AdvantageConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(infra_error, unscorable) per row: the rows no estimator sees (see `compute_advantages`)."""
+    infra = ((rows["finish_reason"] == FILTER_INFRA_ERROR).to_numpy() if "finish_reason" in rows.columns
+             else np.zeros(rows.height, dtype=bool))
+    unscorable = (rows["reward"].is_nan().fill_null(True).to_numpy() if cfg.nan_rewards == "zero_advantage"
+                  else np.zeros(rows.height, dtype=bool))
+    return infra, unscorable
+
+
+def group_statistics(rows: pl.DataFrame, cfg: AdvantageConfig) -> tuple[pl.DataFrame, np.ndarray]:
+    """Keys and each row's group size, reward mean and spread, and its DAPO filter reason (None: trained)."""
+    ddof = 1 if cfg.std_mode == "sample" else 0
+    stats = rows.select(
+        "prompt_id", "sample_idx", "truncated",
+        pl.len().over("prompt_id").cast(pl.Int32).alias("group_size"),
+        pl.col("reward").mean().over("prompt_id").alias("group_reward_mean"),
+        pl.col("reward").std(ddof=ddof).over("prompt_id").fill_null(0.0).fill_nan(0.0).alias("group_reward_std"),
+    )
+    reason = np.full(rows.height, None, dtype=object)
+    if cfg.drop_truncated:
+        reason[stats["truncated"].to_numpy()] = FILTER_TRUNCATED
+    if cfg.drop_zero_variance_groups:
+        reason[stats["group_reward_std"].to_numpy() == 0.0] = FILTER_ZERO_VARIANCE
+    return stats.drop("truncated"), reason
+
+
+def left_out_rows(left: pl.DataFrame, stats: pl.DataFrame, infra: np.ndarray) -> pl.DataFrame:
+    """The left-out rows' keys, their group's statistics (0 for a group left out whole) and filter reason."""
+    groups = stats.group_by("prompt_id").agg(pl.col("group_size", "group_reward_mean", "group_reward_std").first())
+    return left.select("prompt_id", "sample_idx").join(groups, on="prompt_id", how="left").with_columns(
+        pl.col("group_size").fill_null(0), pl.col("group_reward_mean", "group_reward_std").fill_null(0.0),
+        pl.Series("filtered_reason", [FILTER_INFRA_ERROR if bad else None for bad in infra], dtype=pl.String))
+
+
+def outcome_metrics(cfg: AdvantageConfig, reasons: pl.Series, seq_adv: np.ndarray | None,
+                    estimator_metrics: dict[str, Any]) -> dict[str, Any]:
+    """The metrics every estimator reports: rows, trained rows, filter counts, the sequence advantages' spread."""
+    return {
+        "estimator": cfg.estimator,
+        "num_samples": reasons.len(),
+        "num_trained": int(reasons.is_null().sum()),
+        "filtered": {k: int((reasons == k).sum()) for k in (FILTER_ZERO_VARIANCE, FILTER_TRUNCATED, FILTER_INFRA_ERROR)},
+        "advantage_mean": float(np.mean(seq_adv)) if seq_adv is not None else None,
+        "advantage_abs_mean": float(np.mean(np.abs(seq_adv))) if seq_adv is not None else None,
+        **estimator_metrics,
+    }
+
+
+def kl_reward_metrics(kl_state: dict[str, Any], token_reward_mean: float) -> dict[str, Any]:
+    return {"kl_reward_beta": kl_state["beta"], "kl_reward_observed": kl_state["observed_kl"],
+            "kl_reward_next_beta": kl_state["next_beta"], "token_reward_mean": token_reward_mean}
+
+
 def compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights: dict[str, float] | None = None
                        ) -> tuple[pl.DataFrame, dict[str, Any], dict[str, Any]]:
     """Advantage table, metrics and KL-controller record for one iteration.
@@ -111,26 +164,19 @@ def compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights:
     ``reward_weights``: {reward_<name> column: weight} of the multi-reward estimators (gdpo,
     grpo_normalize_then_sum), whose rows then carry those columns too.
     """
-    infra = (rows["finish_reason"] == FILTER_INFRA_ERROR).to_numpy() if "finish_reason" in rows.columns else None
-    infra = np.zeros(rows.height, dtype=bool) if infra is None else infra
-    unscorable = (rows["reward"].is_nan().fill_null(True).to_numpy() if cfg.nan_rewards == "zero_advantage"
-                  else np.zeros(rows.height, dtype=bool))
+    infra, unscorable = left_out(rows, cfg)
     left = infra | unscorable
     if not left.any():
         return _compute_advantages(rows, cfg, reward_weights)
     frame, metrics, kl_state = _compute_advantages(rows.filter(~pl.Series(left)), cfg, reward_weights)
-    left_out = rows.filter(pl.Series(left))
-    reasons = [FILTER_INFRA_ERROR if bad else None for bad in infra[left]]
-    groups = frame.group_by("prompt_id").agg(pl.col("group_size", "group_reward_mean", "group_reward_std").first())
-    lengths = left_out["completion_length"].to_numpy()
+    left_frame = rows.filter(pl.Series(left))
+    lengths = left_frame["completion_length"].to_numpy()
     zeros = list_column("token_advantages", np.zeros(int(lengths.sum()), dtype=np.float32), lengths, TOKEN_FLOATS)
-    extra = left_out.select("prompt_id", "sample_idx").join(groups, on="prompt_id", how="left").with_columns(
-        pl.col("group_size").fill_null(0), pl.col("group_reward_mean", "group_reward_std").fill_null(0.0),
+    extra = left_out_rows(left_frame, frame, infra[left]).with_columns(
         pl.lit(None if cfg.uses_token_rewards else 0.0, dtype=pl.Float32).alias("advantage"),
         zeros,
-        zeros.alias("returns") if cfg.needs_critic else pl.Series("returns", [None] * left_out.height,
+        zeros.alias("returns") if cfg.needs_critic else pl.Series("returns", [None] * left_frame.height,
                                                                    dtype=TOKEN_FLOATS),
-        pl.Series("filtered_reason", reasons, dtype=pl.String),
     ).select(frame.columns)
     metrics["num_samples"] = rows.height
     metrics["num_trained"] += int((unscorable & ~infra).sum())
@@ -159,19 +205,7 @@ def _compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights
         token_rewards = ragged.penalized_rewards(rewards, kl, mask, layout, beta=k.beta)  # in place: kl is gone
     if cfg.needs_critic:
         values = flat_values(rows["values"], np.float64)
-    ddof = 1 if cfg.std_mode == "sample" else 0
-    stats = rows.select(
-        "prompt_id", "sample_idx", "truncated",
-        pl.len().over("prompt_id").cast(pl.Int32).alias("group_size"),
-        pl.col("reward").mean().over("prompt_id").alias("group_reward_mean"),
-        pl.col("reward").std(ddof=ddof).over("prompt_id").fill_null(0.0).fill_nan(0.0).alias("group_reward_std"),
-    )
-    zero_var = stats["group_reward_std"].to_numpy() == 0.0
-    reason = np.full(rows.height, None, dtype=object)
-    if cfg.drop_truncated:
-        reason[stats["truncated"].to_numpy()] = FILTER_TRUNCATED
-    if cfg.drop_zero_variance_groups:
-        reason[zero_var] = FILTER_ZERO_VARIANCE
+    stats, reason = group_statistics(rows, cfg)
     # Token-level estimators normalise over the batch's tokens: rows left out of the loss stay out of
     # those statistics too (a group estimator's rows only see their own group).
     kept_B = np.array([r is None for r in reason], dtype=bool)
@@ -190,29 +224,17 @@ def _compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights
     seq_adv = result.sequence_advantages_B
     returns = (list_column("returns", result.returns_N.astype(np.float32), lengths, TOKEN_FLOATS)
                if result.returns_N is not None else pl.Series("returns", [None] * rows.height, dtype=TOKEN_FLOATS))
-    frame = stats.drop("truncated").with_columns(
+    frame = stats.with_columns(
         pl.Series("advantage", [None] * rows.height if seq_adv is None else seq_adv.astype(np.float32),
                   dtype=pl.Float32),
         list_column("token_advantages", result.token_advantages_as(np.float32), lengths, TOKEN_FLOATS),
         returns,
         pl.Series("filtered_reason", reason.tolist(), dtype=pl.String),
     )
-    kept = frame["filtered_reason"].is_null()
-    metrics = {
-        "estimator": cfg.estimator,
-        "num_samples": frame.height,
-        "num_trained": int(kept.sum()),
-        "filtered": {k: int((frame["filtered_reason"] == k).sum()) for k in (FILTER_ZERO_VARIANCE, FILTER_TRUNCATED,
-                                                                                FILTER_INFRA_ERROR)},
-        "advantage_mean": float(np.mean(seq_adv)) if seq_adv is not None else None,
-        "advantage_abs_mean": float(np.mean(np.abs(seq_adv))) if seq_adv is not None else None,
-        **{k: v for k, v in result.metrics.items()},
-    }
+    metrics = outcome_metrics(cfg, frame["filtered_reason"], seq_adv, result.metrics)
     kl_state = kl_controller_state(cfg, kl_B)
     if kl_B is not None:
-        metrics.update({"kl_reward_beta": kl_state["beta"], "kl_reward_observed": kl_state["observed_kl"],
-                        "kl_reward_next_beta": kl_state["next_beta"],
-                        "token_reward_mean": float(token_rewards[mask].mean()) if mask.any() else 0.0})
+        metrics.update(kl_reward_metrics(kl_state, float(token_rewards[mask].mean()) if mask.any() else 0.0))
     if seq_adv is None:  # token-level estimators: report the token advantages' spread instead
         flat = result.tokens_N[estimator_mask]
         metrics["advantage_mean"] = float(flat.mean()) if flat.size else 0.0
@@ -417,24 +439,11 @@ def chunk_token_math(plan: RowPlan, cfg: AdvantageConfig, sources: Sources, inde
 def row_plan(rows: pl.DataFrame, cfg: AdvantageConfig, chunk_size: int) -> tuple[RowPlan, pl.DataFrame]:
     """The kept rows' group statistics and filter reasons, exactly as `_compute_advantages` takes them, and
     the plan; ``rows``: one row per file row (keys, reward, completion_length, truncated, finish_reason)."""
-    infra = (rows["finish_reason"] == FILTER_INFRA_ERROR).to_numpy()
-    unscorable = (rows["reward"].is_nan().fill_null(True).to_numpy() if cfg.nan_rewards == "zero_advantage"
-                  else np.zeros(rows.height, dtype=bool))
+    infra, unscorable = left_out(rows, cfg)
     kept = ~(infra | unscorable)
     inside = rows if kept.all() else rows.filter(pl.Series(kept))
-    ddof = 1 if cfg.std_mode == "sample" else 0
-    stats = inside.select(
-        "prompt_id", "sample_idx", "truncated",
-        pl.len().over("prompt_id").cast(pl.Int32).alias("group_size"),
-        pl.col("reward").mean().over("prompt_id").alias("group_reward_mean"),
-        pl.col("reward").std(ddof=ddof).over("prompt_id").fill_null(0.0).fill_nan(0.0).alias("group_reward_std"),
-    )
-    reason = np.full(inside.height, None, dtype=object)
-    if cfg.drop_truncated:
-        reason[stats["truncated"].to_numpy()] = FILTER_TRUNCATED
-    if cfg.drop_zero_variance_groups:
-        reason[stats["group_reward_std"].to_numpy() == 0.0] = FILTER_ZERO_VARIANCE
-    stats = stats.drop("truncated").with_columns(pl.Series("filtered_reason", reason.tolist(), dtype=pl.String))
+    stats, reason = group_statistics(inside, cfg)
+    stats = stats.with_columns(pl.Series("filtered_reason", reason.tolist(), dtype=pl.String))
     lengths = rows["completion_length"].to_numpy().astype(np.int64)
     plan = RowPlan(kept=kept, lengths=lengths, rewards=inside["reward"].to_numpy().astype(np.float64),
                    trained=np.array([r is None for r in reason], dtype=bool),
@@ -473,14 +482,21 @@ class TokenSums:
     raw_mean: float = 0.0
     return_mean: float = 0.0
     whitening: Whitening | None = None
+    has_valid: np.ndarray | None = None  # bool per kept row: a token in the estimator's mask
 
 
 def count_pass(plan: RowPlan, cfg: AdvantageConfig, sources: Sources) -> TokenSums:
-    sums = TokenSums()
+    """The masks alone: how many policy and estimator tokens there are, and which rows have one."""
+    sums, has_valid = TokenSums(), []
     for index in range(len(plan.chunks)):
         chunk = chunk_token_math(plan, cfg, sources, index, mask_only=True)
         sums.n_mask += int(np.count_nonzero(chunk.mask))
         sums.n_est += int(np.count_nonzero(chunk.estimator_mask))
+        counts = np.zeros(chunk.layout.num_rows, dtype=np.int64)
+        rows_of_tokens = np.repeat(np.arange(chunk.layout.num_rows), chunk.layout.lengths)
+        np.add.at(counts, rows_of_tokens[chunk.estimator_mask], 1)
+        has_valid.append(counts > 0)
+    sums.has_valid = np.concatenate(has_valid) if has_valid else np.zeros(0, dtype=bool)
     return sums
 
 
@@ -530,11 +546,7 @@ def full_rows(rows: pl.DataFrame, plan: RowPlan, stats: pl.DataFrame, cfg: Advan
     if plan.kept.all():
         return stats
     left = rows.filter(pl.Series(~plan.kept))
-    groups = stats.group_by("prompt_id").agg(pl.col("group_size", "group_reward_mean", "group_reward_std").first())
-    infra = (left["finish_reason"] == FILTER_INFRA_ERROR).to_list()
-    extra = left.select("prompt_id", "sample_idx").join(groups, on="prompt_id", how="left").with_columns(
-        pl.col("group_size").fill_null(0), pl.col("group_reward_mean", "group_reward_std").fill_null(0.0),
-        pl.Series("filtered_reason", [FILTER_INFRA_ERROR if bad else None for bad in infra], dtype=pl.String))
+    extra = left_out_rows(left, stats, left_out(left, cfg)[0])
     return pl.concat([stats, extra.select(stats.columns)]).sort(["prompt_id", "sample_idx"])
 
 
@@ -602,10 +614,7 @@ def stream_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights: 
                   or cfg.whiten)
     seq_adv = sequence_values
     if whitened:  # A_i of a row = its first valid token's whitened value, 0 for a row without one
-        has_valid = valid_rows(plan, cfg, sources)
-        w = sums.whitening
-        whitened_B = np.zeros(seq_adv.shape) if w is None else (np.asarray(seq_adv, dtype=np.float64) - w.mean) / w.scale
-        seq_adv = np.where(has_valid, whitened_B, 0.0)
+        seq_adv = sums.whitening.apply(seq_adv, sums.has_valid)
     advantage_B = None
     if seq_adv is not None:
         advantage_B = np.zeros(plan.kept.size, dtype=np.float32)
@@ -616,18 +625,7 @@ def stream_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights: 
         adv_sum, abs_sum = StreamedSum(sums.n_est), StreamedSum(sums.n_est)
     write_artifact_parts(output_frames(plan, cfg, sources, full, sums, sequence_values, advantage_B, adv_sum, abs_sum),
                          out, ADVANTAGES, metadata=metadata)
-    trained = full["filtered_reason"].is_null()
-    infra = int((rows["finish_reason"] == FILTER_INFRA_ERROR).sum())
-    metrics: dict[str, Any] = {
-        "estimator": cfg.estimator,
-        "num_samples": rows.height,
-        "num_trained": int(trained.sum()),
-        "filtered": {k: int((full["filtered_reason"] == k).sum()) for k in (FILTER_ZERO_VARIANCE, FILTER_TRUNCATED,
-                                                                            FILTER_INFRA_ERROR)},
-        "advantage_mean": float(np.mean(seq_adv)) if seq_adv is not None else None,
-        "advantage_abs_mean": float(np.mean(np.abs(seq_adv))) if seq_adv is not None else None,
-        **estimator_metrics,
-    }
+    metrics = outcome_metrics(cfg, full["filtered_reason"], seq_adv, estimator_metrics)
     if token_level:
         metrics["num_valid_tokens"] = sums.n_est
         if cfg.estimator == "gae":
@@ -636,20 +634,8 @@ def stream_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights: 
         metrics["advantage_abs_mean"] = mean_of(abs_sum, sums.n_est)
     kl_state = kl_controller_state(cfg, sums.kl_B if token_level else None)
     if token_level:
-        metrics.update({"kl_reward_beta": kl_state["beta"], "kl_reward_observed": kl_state["observed_kl"],
-                        "kl_reward_next_beta": kl_state["next_beta"], "token_reward_mean": sums.token_reward_mean})
+        metrics.update(kl_reward_metrics(kl_state, sums.token_reward_mean))
     if not plan.kept.all():
-        metrics["unscorable"] = int((~plan.kept).sum()) - infra
+        metrics["unscorable"] = int((~plan.kept).sum()) - metrics["filtered"][FILTER_INFRA_ERROR]
     return metrics, kl_state
 
-
-def valid_rows(plan: RowPlan, cfg: AdvantageConfig, sources: Sources) -> np.ndarray:
-    """Per kept row, whether it has a token in the estimator's mask."""
-    out = []
-    for index in range(len(plan.chunks)):
-        chunk = chunk_token_math(plan, cfg, sources, index, mask_only=True)
-        counts = np.add.reduceat(chunk.estimator_mask.astype(np.int64), chunk.layout.offsets[:-1]) \
-            if chunk.estimator_mask.size else np.zeros(chunk.layout.num_rows, dtype=np.int64)
-        counts[chunk.layout.lengths == 0] = 0  # reduceat gives the next row's first value for an empty row
-        out.append(counts > 0)
-    return np.concatenate(out) if out else np.zeros(0, dtype=bool)
