@@ -254,9 +254,7 @@ def write_artifact(df: pl.DataFrame, path: str | os.PathLike, schema: ArtifactSc
     """
     path = Path(path)
     out = sorted_by_keys(_conform(df, schema, f"{path} (being written)", allow_cast=True), schema.keys)
-    meta = {**(metadata or {}), "artifact": schema.name, "schema_version": SCHEMA_VERSION}
-    table = out.to_arrow(compat_level=pl.CompatLevel.oldest())
-    table = table.replace_schema_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
+    table = _footed_table(out, schema, metadata)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression=PARQUET_COMPRESSION, row_group_size=rows_per_group(table))
     return path
@@ -271,18 +269,16 @@ def write_artifact_parts(parts: Iterable[pl.DataFrame], path: str | os.PathLike,
     and come after the previous one (the ranks' contiguous shares are).
     """
     path = Path(path)
-    meta = json.dumps({**(metadata or {}), "artifact": schema.name, "schema_version": SCHEMA_VERSION}, sort_keys=True)
     last_key, writer = None, None
     with atomic_path(path) as tmp:
         try:
             for part in parts:
                 out = _conform(part, schema, f"{path} (being written)", allow_cast=True)
-                if not out.select(schema.keys).equals(out.select(schema.keys).sort(list(schema.keys))):
+                if not _keys_sorted(out, schema.keys):
                     raise ArtifactError(f"{path}: a part to write is not sorted by its keys {list(schema.keys)}")
                 if out.height and last_key is not None and out.select(schema.keys).row(0) <= last_key:
                     raise ArtifactError(f"{path}: parts overlap or are out of order at key {last_key}")
-                table = out.to_arrow(compat_level=pl.CompatLevel.oldest())
-                table = table.replace_schema_metadata({METADATA_KEY: meta})
+                table = _footed_table(out, schema, metadata)
                 if writer is None:
                     writer = pq.ParquetWriter(tmp, table.schema, compression=PARQUET_COMPRESSION)
                 writer.write_table(table, row_group_size=rows_per_group(table))
@@ -291,6 +287,18 @@ def write_artifact_parts(parts: Iterable[pl.DataFrame], path: str | os.PathLike,
             if writer is not None:
                 writer.close()
     return path
+
+
+def _footed_table(out: pl.DataFrame, schema: ArtifactSchema, metadata: dict[str, Any] | None) -> pa.Table:
+    """``out`` as the Arrow table rlpipe writes: the oldest string and list layouts, the footer metadata."""
+    meta = {**(metadata or {}), "artifact": schema.name, "schema_version": SCHEMA_VERSION}
+    table = out.to_arrow(compat_level=pl.CompatLevel.oldest())
+    return table.replace_schema_metadata({METADATA_KEY: json.dumps(meta, sort_keys=True)})
+
+
+def _keys_sorted(df: pl.DataFrame, keys: tuple[str, ...]) -> bool:
+    key_frame = df.select(keys)
+    return key_frame.equals(key_frame.sort(list(keys)))
 
 
 def rows_per_group(table: pa.Table) -> int:
@@ -305,8 +313,7 @@ def rows_per_group(table: pa.Table) -> int:
 def sorted_by_keys(df: pl.DataFrame, keys: tuple[str, ...]) -> pl.DataFrame:
     """``df`` sorted by its (unique) keys; the frame itself when it already is, as stages' outputs usually
     are: a sort gathers a copy of every column, gigabytes of token lists at scale."""
-    key_frame = df.select(keys)
-    return df if key_frame.equals(key_frame.sort(list(keys))) else df.sort(list(keys))
+    return df if _keys_sorted(df, keys) else df.sort(list(keys))
 
 
 def count_rows(path: str | os.PathLike) -> int:
