@@ -245,11 +245,12 @@ def _placement_group(ray, plan: placement.StagePlan):
     return group
 
 
-def _drain(ray, gen, node_rank: int, events: queue.Queue) -> None:
-    """Forward one node task's items to the driver's loop; a lost node or worker becomes ("lost", why)."""
+def _forward(ray, items, node_rank: int, events: queue.Queue, cleanup=None) -> None:
+    """Put one node task's items on the driver's queue; a lost node or worker becomes ("lost", why), the task's
+    own error ("exit", [1], why); ("done",) last, whatever happened."""
     try:
-        for ref in gen:
-            events.put((node_rank, ray.get(ref)))
+        for item in items:
+            events.put((node_rank, item))
     except ray.exceptions.TaskCancelledError:
         pass  # cancelled by the executor because another node of the stage failed
     except ray.exceptions.RayTaskError as e:  # the task's own code raised: a bug, not a lost node
@@ -257,32 +258,35 @@ def _drain(ray, gen, node_rank: int, events: queue.Queue) -> None:
     except ray.exceptions.RayError as e:
         events.put((node_rank, ("lost", type(e).__name__)))
     finally:
+        if cleanup is not None:
+            cleanup()
         events.put((node_rank, ("done",)))
 
 
+def _drain(ray, gen, node_rank: int, events: queue.Queue) -> None:
+    """Forward a streaming node task's items to the driver's loop."""
+    _forward(ray, (ray.get(ref) for ref in gen), node_rank, events)
+
+
+def _mailbox_items(ray, task, mailbox):
+    """A posting node task's items, polled from its mailbox until the task ends; then the task's outcome."""
+    while True:
+        done, _ = ray.wait([task], timeout=POLL_S)
+        yield from ray.get(mailbox.take.remote())
+        if done:
+            ray.get(task)  # raises the task's error, or its node lost
+            return
+
+
 def _drain_mailbox(ray, task, mailbox, node_rank: int, events: queue.Queue) -> None:
-    """`_drain` for a Ray Client driver: poll the task's mailbox until the task ends, then take what is left
-    and the task's own outcome (its error, or its node lost)."""
-    try:
-        while True:
-            done, _ = ray.wait([task], timeout=POLL_S)
-            for item in ray.get(mailbox.take.remote()):
-                events.put((node_rank, item))
-            if done:
-                ray.get(task)
-                break
-    except ray.exceptions.TaskCancelledError:
-        pass
-    except ray.exceptions.RayTaskError as e:
-        events.put((node_rank, ("exit", [1], f"the cluster task failed: {str(e).strip().splitlines()[-1]}")))
-    except ray.exceptions.RayError as e:
-        events.put((node_rank, ("lost", type(e).__name__)))
-    finally:
+    """`_drain` for a Ray Client driver, which polls the task's mailbox; the mailbox goes with the task."""
+    def kill_mailbox() -> None:
         try:
             ray.kill(mailbox)
         except Exception:  # noqa: BLE001 - gone with its node
             pass
-        events.put((node_rank, ("done",)))
+
+    _forward(ray, _mailbox_items(ray, task, mailbox), node_rank, events, cleanup=kill_mailbox)
 
 
 def _cancel(ray, gens) -> None:
