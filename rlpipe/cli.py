@@ -428,16 +428,26 @@ def inspect(
                                                                       "tokens with (default: the policy's)"),
     as_json: bool = typer.Option(False, "--json", help="print the summary and rows as JSON (for scripts)"),
     html: Optional[str] = typer.Option(None, "--html", help="also write the view as a self-contained HTML page "
-                                                             "(exact values on hover, per-token tables)"),
+                                                             "(values on hover, per-token tables, rows worth a "
+                                                             "look); kept under 20 MB, saying what it left out"),
 ) -> None:
     """Join an iteration's artifacts on (prompt_id, sample_idx) and show statistics and colour-coded rollouts."""
-    from rlpipe.reports.html import inspect_html
     from rlpipe.reports.inspect import inspect_data
     from rlpipe.reports.terminal import print_inspect
 
     _show(lambda: inspect_data(target, eval_view=eval_view, where=where, sort=sort, descending=desc, show=show,
                                prompt_ids=prompt_id, color_by=color_by, tokenizer=tokenizer, rev=rev),
-          to_html=inspect_html, to_terminal=print_inspect, html=html, as_json=as_json)
+          to_html=_inspect_page, to_terminal=print_inspect, html=html, as_json=as_json)
+
+
+def _inspect_page(data: dict) -> str:
+    """The inspect page; what it had to leave out to stay openable is said on stderr too."""
+    from rlpipe.reports.html import inspect_page
+
+    built = inspect_page(data)
+    for note in built.notes:
+        typer.echo(f"--html: {note}", err=True)
+    return built.html
 
 
 @app.command()

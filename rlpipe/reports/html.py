@@ -1,17 +1,25 @@
-"""`rlpipe inspect --html` / `rlpipe diff --html`: one self-contained page each (inline CSS, no script).
+"""`rlpipe inspect --html` / `rlpipe diff --html`: one self-contained page each (inline CSS; nothing loaded).
 
 The pages hold the same content as the terminal views (rlpipe.reports.render builds the lines, headers and
-token cells for both) plus what only a page can hold: exact values on hover, a table of every
-per-token value of each shown sample, the artifacts' columns one per line, bars for histograms.
-Nothing is loaded from anywhere: the file opens offline, attached to an issue or copied off a cluster.
+token cells for both) plus what only a page can hold: every per-token value on hover and in a table per
+sample, the artifacts' columns one per line, bars for histograms, a "look here" list of rows worth a look.
+An inspect page stores each token once, packed (rlpipe.reports.packed), and its script
+(rlpipe.reports.token_script) draws a sample's tokens when they come into view, so a whole iteration
+fits in PAGE_BUDGET_BYTES and opens in seconds; past the budget the page says what it left out and
+points at the interactive browser. Nothing is loaded from anywhere: the file opens offline,
+attached to an issue or copied off a cluster.
 """
 from __future__ import annotations
 
 import html
+import json
+from dataclasses import dataclass
 from typing import Any
 
+from rlpipe.reports import packed as packed_tokens
 from rlpipe.reports import render
 from rlpipe.reports.render import fmt
+from rlpipe.reports.token_script import SCRIPT
 from rlpipe.reports.turn_view import turn_summary_lines, turns_html
 
 CSS = """
@@ -45,6 +53,10 @@ table.columns td { font-family: ui-monospace, monospace; font-size: 0.95em; }
 details.per-token summary { cursor: pointer; color: #1a5e8a; font-size: 0.9em; }
 .legend span { display: inline-block; padding: 2px 8px; font-family: ui-monospace, monospace; color: #000; }
 .legend .dim { display: inline; font-family: inherit; padding: 0; color: #666; }
+.tok[data-low] { border-bottom: 3px solid #d4007a; }
+.legend .tok[data-low] { padding: 0 2px; }
+h3 { font-size: 1em; margin: 1em 0 0.3em; }
+table.look-here td code { white-space: pre-wrap; }
 """
 
 
@@ -93,21 +105,131 @@ def _artifacts(summary: dict[str, Any]) -> list[str]:
     return parts
 
 
+PAGE_BUDGET_BYTES = 20_000_000  # a page that opens in a few seconds (issue 34: 4,096 rollouts x 1,000 tokens)
+EAGER_TOKENS = 20_000  # tokens drawn as soon as the page opens; the rest when they come near the screen
+# Per-token columns in the order the page drops them when it is over budget (the colouring column never).
+KEEP_ORDER = ("sampler_logprobs", "token_advantages", "log_ratio", "sampler_mismatch", "ref_log_ratio", "entropy",
+              "old_logprobs", "new_logprobs", "ref_logprobs")
+BROWSER_COMMAND = "rlpipe view"
+
+
+@dataclass(frozen=True)
+class InspectPage:
+    """An inspect page and what was left out of it to stay under the budget (said in the page too)."""
+
+    html: str
+    notes: list[str]
+
+
 def inspect_html(data: dict[str, Any]) -> str:
-    """The inspect view as a self-contained HTML page (the terminal view's content, and exact values)."""
+    """The inspect view as a self-contained HTML page (the terminal view's content, and every per-token value)."""
+    return inspect_page(data).html
+
+
+def inspect_page(data: dict[str, Any], *, budget: int = PAGE_BUDGET_BYTES) -> InspectPage:
+    """The inspect page, its tokens packed once and drawn by its script, kept under ``budget`` bytes.
+
+    Over budget, the per-token values go from float32 to float16, then columns are left out (KEEP_ORDER,
+    from the end), then rows (the last shown); each step is a note, printed by the CLI and shown in the page.
+    """
     summary = data["summary"]
-    parts = ["<h2>Run</h2>", kv_table(render.run_lines(summary))]
-    parts += [f"<p class=\"warn\">warning: {esc(w)}</p>" for w in summary.get("warnings", [])]
-    parts += ["<h2>Statistics</h2>", _stats_table(render.summary_lines(summary)
-                                                    + [render.Line(k, v) for k, v in turn_summary_lines(summary)])]
-    parts += ["<h2>Artifacts</h2>", *_artifacts(summary)]
-    if data["rows"]:
-        parts.append(_rows(data))
-    return page(f"rlpipe inspect {summary['source']} ({summary['view']} view)", "\n".join(parts))
+    head = ["<h2>Run</h2>", kv_table(render.run_lines(summary))]
+    head += [f"<p class=\"warn\">warning: {esc(w)}</p>" for w in summary.get("warnings", [])]
+    head += ["<h2>Statistics</h2>", _stats_table(render.summary_lines(summary)
+                                                  + [render.Line(k, v) for k, v in turn_summary_lines(summary)])]
+    head.append(_look_here(summary, data["rows"]))
+    head += ["<h2>Artifacts</h2>", *_artifacts(summary)]
+    if not data["rows"]:
+        return InspectPage(page(_title(summary), "\n".join(head)), [])
+    fixed = sum(len(part.encode("utf-8")) for part in head) + len(CSS) + len(SCRIPT) + 2_000
+    packed, kept, notes = _fit(data, budget - fixed)
+    body = [*head, _rows(data, kept, notes), packed.script_tag(), _view_tag(data), f"<script>{SCRIPT}</script>"]
+    return InspectPage(page(_title(summary), "\n".join(body)), notes)
+
+
+def _title(summary: dict[str, Any]) -> str:
+    return f"rlpipe inspect {summary['source']} ({summary['view']} view)"
+
+
+def _view_tag(data: dict[str, Any]) -> str:
+    """What the page's script needs besides the tokens: the colour scale and the order of the tooltip's values."""
+    from rlpipe.reports.inspect import COLOR_COLUMNS
+
+    scale = render.color_scale(data["rows"], data["color_by"])
+    view = {"color_by": data["color_by"] if scale else None, "scale": scale, "order": list(COLOR_COLUMNS),
+            "eager_tokens": EAGER_TOKENS, "max_blend": render.MAX_BLEND,
+            "colours": {"positive": render.POSITIVE, "negative": render.NEGATIVE, "surprise": render.SURPRISE,
+                        "magnitude": render.MAGNITUDE}}
+    text = json.dumps(view, sort_keys=True, separators=(",", ":")).replace("</", "<\\/")
+    return f"<script type=\"application/json\" id=\"rlpipe-view\">{text}</script>"
+
+
+def _fit(data: dict[str, Any], budget: int) -> tuple[packed_tokens.Packed, int, list[str]]:
+    """The packed tokens of as many shown rows and columns as ``budget`` bytes hold, and what was left out."""
+    records = data["rows"]
+    present = [c for c in KEEP_ORDER if any(c in (r.get("per_token") or {}) for r in records)]
+    colour = data["color_by"]
+    columns = [c for c in present if c == colour] + [c for c in present if c != colour]
+    arrays = packed_tokens.token_arrays(records, columns)
+    skeleton = [len(s.encode("utf-8")) for s in _row_skeletons(data, len(records))]
+    cache: dict[tuple[str, str], str] = {}
+    # float32 values gzip to ~3 bytes each at best: skip the try when they could not fit
+    if arrays["lengths"].size * len(columns) * 3 <= budget:
+        packed = packed_tokens.pack(arrays, columns, dtype="f4", cache=cache)
+        if packed.size + sum(skeleton) <= budget:
+            return packed, len(records), []
+    notes = [f"per-token values stored as float16 (3-4 significant digits) to keep the page under "
+             f"{budget_mb(budget)}"]
+    while True:
+        packed = packed_tokens.pack(arrays, columns, dtype="f2", left_out=tuple(present[len(columns):]), cache=cache)
+        if packed.size + sum(skeleton) <= budget or len(columns) <= (1 if colour in columns else 0):
+            break
+        columns = columns[:-1]
+    if packed.left_out:
+        notes.append(f"left out of the page to keep it under {budget_mb(budget)}: the per-token columns "
+                     f"{', '.join(packed.left_out)}; `{BROWSER_COMMAND}` shows every column")
+    kept = len(records)
+    while packed.size + sum(skeleton[:kept]) > budget and kept > 1:
+        kept = max(1, int(kept * budget / (packed.size + sum(skeleton[:kept])) * 0.97))
+        packed = packed_tokens.pack(packed_tokens.token_arrays(records[:kept], columns), columns, dtype="f2",
+                                    left_out=packed.left_out)
+    if kept < len(records):
+        notes.append(f"the page holds the first {kept} of the {len(records)} rows asked for: all of them would "
+                     f"not open quickly under {budget_mb(budget)}; narrow the selection (--where, --show, "
+                     f"--prompt-id) or browse every row with `{BROWSER_COMMAND}`")
+    return packed, kept, notes
+
+
+def budget_mb(n: int) -> str:
+    return f"{n / 1e6:.0f} MB"
+
+
+def _row_skeletons(data: dict[str, Any], kept: int) -> list[str]:
+    """Each shown row's HTML without its tokens (a placeholder the script fills), for sizing the page."""
+    return [_sample(rec, k) for k, rec in enumerate(data["rows"][:kept])]
+
+
+def _sample(rec: dict[str, Any], k: int) -> str:
+    """One sample: its header line, a placeholder for its tokens, its turns and a closed per-token table."""
+    tokens = ""
+    if "tokens" in rec:
+        low = ",".join(str(t["position"]) for t in rec.get("least_likely") or [])
+        tokens = (f"{completion_placeholder(k, low)}{turns_html(rec)}"
+                  f"<details class=\"per-token\" data-row=\"{k}\"><summary>per-token values of "
+                  f"#{esc(rec.get('sample_idx', '-'))} ({len(rec['tokens'])} tokens)</summary></details>")
+    return (f"<div class=\"sample\" id=\"row-{k}\" data-sample-idx=\"{esc(rec.get('sample_idx'))}\">"
+            f"<div class=\"meta\">{esc(render.row_header(rec))}</div>{tokens}</div>")
+
+
+def completion_placeholder(k: int, low: str = "") -> str:
+    """Where the page's script draws row ``k``'s tokens (``low``: its least likely tokens' positions)."""
+    marks = f" data-low=\"{low}\"" if low else ""
+    return f"<div class=\"completion\" data-row=\"{k}\"{marks}></div>"
 
 
 def completion_html(cells: list[render.TokenCell]) -> str:
-    """A completion as one ``<span class="tok">`` per token: its colour, and every value in its tooltip."""
+    """A completion drawn in HTML, one ``<span class="tok">`` per token (for pages of a few tokens; the
+    inspect page has its script draw the same from the packed tokens)."""
     spans = []
     for cell in cells:
         style = f" style=\"background:{cell.colour}\"" if cell.colour else ""
@@ -117,82 +239,102 @@ def completion_html(cells: list[render.TokenCell]) -> str:
     return f"<div class=\"completion\">{''.join(spans)}</div>"
 
 
-def per_token_table(rec: dict[str, Any], cells: list[render.TokenCell], *, open_: bool) -> str:
-    """Every per-token value of one sample, one row per token (exact values, numbers right-aligned)."""
-    columns = list(rec.get("per_token", {}))
-    head = "<tr><th class=\"num\">pos</th><th>token</th><th class=\"num\">id</th>" + "".join(
-        f"<th class=\"num\">{esc(c)}</th>" for c in columns) + "</tr>"
-    body = "".join(
-        f"<tr><td class=\"num\">{c.position}</td><td><code>{esc(c.text)}</code></td>"
-        f"<td class=\"num\">{esc(fmt(c.token_id))}</td>"
-        + "".join(f"<td class=\"num\">{esc(render.exact(c.values.get(col)))}</td>" for col in columns) + "</tr>"
-        for c in cells)
-    return (f"<details class=\"per-token\"{' open' if open_ else ''}><summary>per-token values of "
-            f"#{esc(rec.get('sample_idx', '-'))} ({len(cells)} tokens)</summary>"
-            f"<div class=\"scroll\"><table class=\"per-token\">{head}{body}</table></div></details>")
-
-
 def _legend(column: str, scale: dict[str, Any]) -> str:
     stops = "".join(f"<span style=\"background:{c}\">{esc(fmt(v, 2))}</span>" for v, c in render.legend_stops(scale))
     return (f"<div class=\"legend\">colour = <b>{esc(column)}</b>: {stops} <span class=\"dim\">"
             f"{esc(render.LEGEND_NOTE[scale['kind']])}; {esc(render.legend_range_note(scale))}. Hover a token for "
-            f"its exact values.</span></div>")
+            f"its values.</span></div>")
 
 
-def _rows(data: dict[str, Any]) -> str:
+def _least_likely_legend() -> str:
+    return (f"<div class=\"legend\"><span class=\"tok\" data-low=\"1\">token</span> <span class=\"dim\">underlined: "
+            f"{esc(render.LEAST_LIKELY_NOTE)}, whatever the colour</span></div>")
+
+
+def _rows(data: dict[str, Any], kept: int, notes: list[str]) -> str:
     column = data["color_by"]
     scale = render.color_scale(data["rows"], column)
     summary = data["summary"]
     sel = summary.get("selection") or {}
     parts = ["<h2>Rollouts</h2>"]
+    parts += [f"<p class=\"warn budget\">{esc(n)}</p>" for n in notes]
     if sel.get("order"):
         parts.append(f"<p class=\"order\">{sel['rows_shown']} of {summary['rows_selected']} selected rows shown: "
                      f"{esc(sel['order_note'])}.</p>")
     if scale:
         parts.append(_legend(column, scale))
+    if any(r.get("least_likely") for r in data["rows"]):
+        parts.append(_least_likely_legend())
     if data.get("tokenizer") is None:
         parts.append("<p class=\"dim\">no tokenizer.json found: tokens shown from the stored text, or as ⟨id⟩</p>")
-    groups = render.grouped(data["rows"])
+    parts.append("<noscript><p class=\"warn\">the tokens are drawn by the page's script: allow it to see them"
+                 "</p></noscript>")
+    records = data["rows"][:kept]
+    groups = render.grouped(records)
+    index = {id(rec): k for k, rec in enumerate(records)}
     if all((data["groups"].get(str(pid)) or {}).get("size") == 1 for pid, _ in groups):
-        parts.append(_answers_table(groups, column, scale))  # eval: one greedy answer per prompt
+        parts.append(_answers_table(groups, index))  # eval: one greedy answer per prompt
         return "\n".join(parts)
-    first = True
     for pid, recs in groups:
         parts.append(f"<section class=\"group\" data-prompt-id=\"{esc(pid)}\">")
         parts.append(f"<div class=\"ghead\">{esc(render.group_header(pid, data['groups'].get(str(pid)), recs[0]))}"
                      "</div>")
         if recs[0].get("prompt") is not None:
             parts.append(f"<div class=\"prompt\">{esc(recs[0]['prompt'])}</div>")
-        for rec in recs:
-            parts.append(f"<div class=\"sample\" data-sample-idx=\"{esc(rec.get('sample_idx'))}\">"
-                         f"<div class=\"meta\">{esc(render.row_header(rec))}</div>")
-            if "tokens" in rec:
-                cells = render.token_cells(rec, column, scale)
-                parts.append(completion_html(cells))
-                parts.append(turns_html(rec))  # multi-turn rollouts: one line per turn (rlpipe/reports/turn_view.py)
-                parts.append(per_token_table(rec, cells, open_=first))
-                first = False
-            parts.append("</div>")
+        parts += [_sample(rec, index[id(rec)]) for rec in recs]
         parts.append("</section>")
     return "\n".join(parts)
 
 
-def _answers_table(groups: list[tuple[Any, list[dict[str, Any]]]], column: str | None,
-                   scale: dict[str, Any] | None) -> str:
+def _answers_table(groups: list[tuple[Any, list[dict[str, Any]]]], index: dict[int, int]) -> str:
     """One row per prompt (eval view: one greedy completion each), not a card per answer."""
     rows = ["<table class=\"answers\"><tr><th class=\"num\">prompt_id</th><th>prompt</th><th>answer</th>"
             "<th>completion</th><th class=\"num\">reward</th><th>correct</th><th class=\"num\">tokens</th></tr>"]
     for pid, recs in groups:
         for rec in recs:
-            completion = completion_html(render.token_cells(rec, column, scale)) if "tokens" in rec else esc(
-                rec.get("completion_text") or "")
+            k = index[id(rec)]
+            low = ",".join(str(t["position"]) for t in rec.get("least_likely") or [])
+            completion = completion_placeholder(k, low) if "tokens" in rec else esc(rec.get("completion_text") or "")
             completion += turns_html(rec)  # multi-turn rollouts (the eval view): one line per turn
             correct = {True: "✓", False: "✗"}.get(rec.get("correct"), "-")
             rows.append(f"<tr data-prompt-id=\"{esc(pid)}\"><td class=\"num\">{esc(pid)}</td>"
                         f"<td><code>{esc(rec.get('prompt') or '')}</code></td><td>{esc(fmt(rec.get('answer')))}</td>"
-                        f"<td>{completion}</td><td class=\"num\">{esc(fmt(rec.get('reward')))}</td>"
+                        f"<td id=\"row-{k}\">{completion}</td><td class=\"num\">{esc(fmt(rec.get('reward')))}</td>"
                         f"<td>{correct}</td><td class=\"num\">{esc(fmt(rec.get('completion_length')))}</td></tr>")
     return "".join(rows) + "</table>"
+
+
+def _look_here(summary: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """The rows worth a look (rlpipe.reports.look_here), each linked to its place on the page when it is shown."""
+    lists = summary.get("look_here") or {}
+    if not any(entry["rows"] for entry in lists.values()):
+        return ""
+    shown = {(r.get("prompt_id"), r.get("sample_idx")): k for k, r in enumerate(records)}
+    parts = ["<h2>Look here</h2>", f"<p class=\"dim\">{esc(LOOK_HERE_NOTE)}</p>"]
+    for key, entry in lists.items():
+        if not entry["rows"]:
+            continue
+        parts.append(f"<h3>{esc(entry['title'])} <span class=\"dim\">({esc(entry['note'])})</span></h3>"
+                     f"<table class=\"look-here\" data-list=\"{esc(key)}\"><tr><th class=\"num\">prompt</th>"
+                     f"<th class=\"num\">sample</th><th class=\"num\">{esc(entry['value'])}</th>"
+                     "<th class=\"num\">reward</th><th class=\"num\">tokens</th><th>completion starts</th>"
+                     "<th>see it</th></tr>")
+        for row in entry["rows"]:
+            k = shown.get((row["prompt_id"], row["sample_idx"]))
+            where = (f"<a href=\"#row-{k}\">on this page</a>" if k is not None
+                     else f"<code>{esc(row['command'])}</code>")
+            parts.append(f"<tr><td class=\"num\">{esc(row['prompt_id'])}</td><td class=\"num\">"
+                         f"{esc(row['sample_idx'])}</td><td class=\"num\">{esc(fmt(row['value']))}</td>"
+                         f"<td class=\"num\">{esc(fmt(row['reward']))}</td><td class=\"num\">"
+                         f"{esc(fmt(row['length']))}</td><td><code>{esc(row['excerpt'])}</code></td>"
+                         f"<td>{where}</td></tr>")
+        parts.append("</table>")
+    return "\n".join(parts)
+
+
+LOOK_HERE_NOTE = ("a first look against reward hacking and broken samples, over every selected row (not only the "
+                  "shown ones): right-looking rewards on wrong answers, runaway lengths, tokens training moved "
+                  "most, sampler/trainer disagreement, cut-off completions")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ Columns added to the joined rows (documented in docs/inspect.md), usable in --wh
   per token   log_ratio = new - old log-prob (what training changed), sampler_mismatch = old - sampler
               log-prob (trainer vs sampler numerics), ref_log_ratio = sampler - ref log-prob;
   per row     seq_logprob (sum of sampler log-probs), seq_kl_ref (mean of ref_log_ratio),
-              seq_mismatch_max (largest |sampler_mismatch|), seq_entropy (mean entropy).
+              seq_mismatch_max (largest |sampler_mismatch|), seq_log_ratio_max (largest |log_ratio|),
+              seq_entropy (mean entropy).
 """
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ import polars as pl
 from rlpipe.data.decode import TokenDecoder, fallback_pieces, find_decoder
 from rlpipe.data.io import Artifact, join_on_keys, read_artifact, read_metadata
 from rlpipe.data.schema import (ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS,
-                           get_schema)
+                           component_column, get_schema)
 from rlpipe.errors import ArtifactError
 from rlpipe.reports import sources
+from rlpipe.reports.look_here import look_here
 from rlpipe.reports.selection import informative_order, one_sample_per_prompt
 from rlpipe.reports.turn_view import turn_records, turn_summary
 
@@ -43,6 +45,10 @@ COLOR_COLUMNS = {"token_advantages": "diverging", "sampler_logprobs": "logprob",
                  "new_logprobs": "logprob", "ref_logprobs": "logprob", "log_ratio": "diverging",
                  "sampler_mismatch": "diverging", "ref_log_ratio": "diverging", "entropy": "magnitude"}
 COLOR_ALIASES = {"advantage": "token_advantages", "advantages": "token_advantages"}
+# Whatever the colouring, each shown sample marks its least likely sampled tokens: the unlikely digit that
+# broke an answer hides under GRPO's colours (one advantage for the whole sample).
+LEAST_LIKELY_COUNT = 3
+LEAST_LIKELY_BELOW = -1.0  # sampler log-prob; p < 0.37: a near-certain token is never "least likely"
 
 
 @dataclass
@@ -207,6 +213,8 @@ def with_derived_columns(frame: pl.DataFrame) -> pl.DataFrame:
         extra.append(pl.col("ref_log_ratio").list.mean().alias("seq_kl_ref"))
     if "sampler_mismatch" in cols:
         extra.append(pl.col("sampler_mismatch").list.eval(pl.element().abs()).list.max().alias("seq_mismatch_max"))
+    if "log_ratio" in cols:
+        extra.append(pl.col("log_ratio").list.eval(pl.element().abs()).list.max().alias("seq_log_ratio_max"))
     if "entropy" in cols:
         extra.append(pl.col("entropy").list.mean().alias("seq_entropy"))
     return frame.with_columns(extra)
@@ -393,16 +401,18 @@ SCALAR_FIELDS = ("prompt_id", "sample_idx", "reward", "correct", "advantage", "c
                  "num_turns", "environment_error",
                  "truncated", "filtered_reason", "score_error", "completion_text", "answer", "group_size",
                  "group_reward_mean", "group_reward_std", "policy_version", "seq_logprob", "seq_kl_ref",
-                 "seq_mismatch_max", "seq_entropy")
+                 "seq_mismatch_max", "seq_log_ratio_max", "seq_entropy")
 
 
 def row_records(rows: pl.DataFrame, *, decoder: TokenDecoder | None, color_by: str | None,
-                duplicates: dict[tuple, list[int]] | None = None) -> list[dict[str, Any]]:
+                duplicates: dict[tuple, list[int]] | None = None,
+                weights: dict[str, float] | None = None) -> list[dict[str, Any]]:
     """JSON-ready rows: scalar fields, reward components, prompt text, token texts and per-token values.
 
     ``same_completion`` lists the sample_idx of the group's other samples with identical tokens (only
     when the informative order collapsed them); ``token_advantage_mean`` is set where the estimator
-    has no sequence advantage.
+    has no sequence advantage; ``least_likely`` holds the least likely sampled tokens (``least_likely``);
+    ``component_weights`` the reward weights (``weights``: component -> weight) when known.
     """
     per_token = [c for c in COLOR_COLUMNS if c in rows.columns]
     records = []
@@ -427,10 +437,48 @@ def row_records(rows: pl.DataFrame, *, decoder: TokenDecoder | None, color_by: s
         mask = row.get("policy_mask")  # observation tokens get no value: only the policy's tokens are coloured
         rec["per_token"] = {c: [_json_value(v) if mask is None or mask[i] else None for i, v in enumerate(row[c])]
                             for c in per_token if row[c] is not None}
+        rec["least_likely"] = least_likely(rec["per_token"].get("sampler_logprobs"))
+        if weights:
+            rec["component_weights"] = dict(weights)
         rec["turns"] = turn_records(row)
         rec["color_by"] = color_by
         records.append(rec)
     return records
+
+
+def least_likely(logprobs: list[float | None] | None, *, count: int = LEAST_LIKELY_COUNT,
+                 below: float = LEAST_LIKELY_BELOW) -> list[dict[str, Any]]:
+    """The ``count`` lowest sampled log-probs under ``below``, lowest first (ties: the earlier token first)."""
+    ranked = sorted((v, i) for i, v in enumerate(logprobs or []) if v is not None and v < below)
+    return [{"position": i, "logprob": v} for v, i in ranked[:count]]
+
+
+def reward_weights(params: dict[str, Any] | None) -> dict[str, float]:
+    """Each reward component's weight from params.yaml's ``score.rewards``, keyed like the ``reward_<name>``
+    columns (without the prefix); {} when the params do not say (a single file, an older run)."""
+    entries = sources.dotted(params or {}, "score.rewards")
+    if not isinstance(entries, list):
+        return {}
+    out = {}
+    for e in entries:
+        if isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("weight"), (int, float)):
+            out[component_column(e["name"]).removeprefix("reward_")] = float(e["weight"])
+    return out
+
+
+def weights_mismatch(frame: pl.DataFrame, weights: dict[str, float]) -> str | None:
+    """A warning when ``reward`` is not the weighted sum of the components (params changed since score ran)."""
+    columns = {f"reward_{k}": w for k, w in weights.items()}
+    if not weights or "reward" not in frame.columns or not set(columns) <= set(frame.columns):
+        return None
+    rows = frame.filter(pl.all_horizontal([pl.col(c).is_not_null() for c in columns])
+                        & (pl.col("score_error").is_null() if "score_error" in frame.columns else pl.lit(True)))
+    total = pl.sum_horizontal([pl.col(c) * w for c, w in columns.items()])
+    off = rows.filter((pl.col("reward") - total).abs() > 1e-4).height
+    if not off:
+        return None
+    return (f"{off} row(s) have a reward that is not the weighted sum of their components under params.yaml's "
+            f"score.rewards weights ({weights}): were the weights changed after `score` ran?")
 
 
 def _json_value(v: Any) -> Any:
@@ -460,6 +508,14 @@ def inspect_data(target: str | Path, *, eval_view: bool = False, where: str | No
     if sort:
         frame = sort_frame(frame, sort, descending=descending)
     summary = summarize(loaded, frame, total_rows=full.height, warnings=warnings)
+    weights = reward_weights(loaded.params)
+    if weights:
+        summary["reward_weights"] = weights
+        mismatch = weights_mismatch(frame, weights)
+        if mismatch:
+            summary["warnings"].append(mismatch)
+    command = f"rlpipe inspect {target}" + (f" --rev {rev}" if rev else "") + (" --eval" if eval_view else "")
+    summary["look_here"] = look_here(frame, command=command)
     base = loaded.artifacts[loaded.base]
     summary["run"] = sources.run_metadata(loaded.root, loaded.params, rev=loaded.rev, base_metadata=base.metadata)
     summary["selection"] = {"where": where, "sort": sort, "descending": bool(sort and descending),
@@ -473,7 +529,7 @@ def inspect_data(target: str | Path, *, eval_view: bool = False, where: str | No
     decoder = decoder or find_decoder(loaded.model_dirs)
     rows, order, dups = select_rows(frame, show=show, prompt_ids=prompt_ids, sorted_by_user=bool(sort))
     summary["selection"].update(order=order, order_note=ORDER_NOTES[order], rows_shown=rows.height)
-    result["rows"] = row_records(rows, decoder=decoder, color_by=color, duplicates=dups)
+    result["rows"] = row_records(rows, decoder=decoder, color_by=color, duplicates=dups, weights=weights)
     result["color_by"] = color
     result["tokenizer"] = str(decoder.path) if decoder else None
     if "prompt_id" in full.columns and rows.height:

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from rlpipe.reports.inspect import COLOR_COLUMNS
+from rlpipe.reports.inspect import COLOR_COLUMNS, LEAST_LIKELY_BELOW, LEAST_LIKELY_COUNT
 
 WHITE = (255, 255, 255)
 # Colour at full intensity: negative / positive side of a diverging scale, "surprising" log-probs, entropy.
@@ -97,6 +97,10 @@ def legend_range_note(scale: dict[str, Any]) -> str:
     if scale["clipped"]:
         note += f"; {scale['clipped']} token(s) beyond it at full colour (extreme {fmt(scale['extreme'], 3)})"
     return note
+
+
+LEAST_LIKELY_NOTE = (f"the {LEAST_LIKELY_COUNT} least likely sampled tokens of each sample (sampler log-prob "
+                     f"below {LEAST_LIKELY_BELOW:g}), numbered from the least likely")
 
 
 def visible(piece: str) -> str:
@@ -212,7 +216,9 @@ def summary_lines(summary: dict[str, Any]) -> list[Line]:
     lines = [Line("rows", rows)]
     if "reward" in summary:
         lines.append(Line("reward (mean ± std [min, max])", _stat(summary["reward"])))
-        lines += [Line(f"reward_{name}", _stat(s), 1) for name, s in summary.get("components", {}).items()]
+        weights = summary.get("reward_weights") or {}
+        lines += [Line(f"reward_{name}" + (f" (weight {weights[name]:g})" if name in weights else ""), _stat(s), 1)
+                  for name, s in summary.get("components", {}).items()]
     if "accuracy" in summary:
         lines.append(Line("accuracy (correct)", fmt(summary["accuracy"])))
     groups = summary.get("groups")
@@ -263,12 +269,30 @@ def summary_lines(summary: dict[str, Any]) -> list[Line]:
     return lines
 
 
+def reward_terms(rec: dict[str, Any]) -> str:
+    """A row's reward with its components, and with their weights where known, so the sum can be redone:
+    ``reward 0.333 = 1 × exact_answer 0.000 + 0.5 × digit_match 0.667``."""
+    comps = rec.get("components") or {}
+    weights = rec.get("component_weights") or {}
+    text = f"reward {fmt(rec['reward'])}"
+    if comps and weights and set(comps) <= set(weights):
+        return text + " = " + " + ".join(f"{weights[k]:g} × {k} {fmt(v)}" for k, v in comps.items())
+    return text + (" (" + ", ".join(f"{k} {fmt(v)}" for k, v in comps.items()) + ")" if comps else "")
+
+
+def least_likely_text(rec: dict[str, Any]) -> str:
+    """The sample's least likely sampled tokens: text, position and sampler log-prob, least likely first."""
+    pieces = rec.get("tokens") or []
+    marks = [f"{visible(pieces[t['position']])!r} @{t['position']} {fmt(t['logprob'], 2)}"
+             for t in rec.get("least_likely") or [] if t["position"] < len(pieces)]
+    return "least likely: " + ", ".join(marks) if marks else ""
+
+
 def row_header(rec: dict[str, Any]) -> str:
     """One line per sample: reward (components), advantage, correctness, length, flags, identical samples."""
     parts = [f"#{rec.get('sample_idx', '-')}"]
     if rec.get("reward") is not None:
-        comps = ", ".join(f"{k} {fmt(v)}" for k, v in rec.get("components", {}).items())
-        parts.append(f"reward {fmt(rec['reward'])}" + (f" ({comps})" if comps else ""))
+        parts.append(reward_terms(rec))
     if rec.get("advantage") is not None:
         parts.append(f"adv {rec['advantage']:+.3f}")
     elif rec.get("token_advantage_mean") is not None:
@@ -286,6 +310,8 @@ def row_header(rec: dict[str, Any]) -> str:
     same = rec.get("same_completion") or []
     if same:
         parts.append(f"×{len(same) + 1}: same completion as " + ", ".join(f"#{s}" for s in same))
+    if rec.get("least_likely"):
+        parts.append(least_likely_text(rec))
     return "  ".join(parts)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 from rich.console import Console
 
 from rlpipe.data.io import write_artifact
@@ -10,6 +11,7 @@ from rlpipe.data.schema import ROLLOUTS
 from rlpipe.environments.calculator import CalculatorEnvironment
 from rlpipe.reports.html import inspect_html
 from rlpipe.reports.inspect import inspect_data
+from rlpipe.reports.packed import unpack
 from rlpipe.reports.terminal import print_inspect
 from rlpipe.stages.generate import generate_multi_turn
 from tests.environments.conftest import ScriptedEngine, make_driver, prompts_frame
@@ -43,4 +45,5 @@ def test_inspect_shows_turns_and_colours_only_policy_tokens(tokenizer, tmp_path)
     assert "turn 2: tokens 14-15" in text and "finished: done" in text and "tool use" in text
     page = inspect_html(data)
     assert "turn 1: tokens 0-10 · add({&quot;a&quot;: 1, &quot;b&quot;: 2}) → ok: 3" in page
-    assert page.count('class="tok" style="background:#ffffff"') == 3  # the 3 observation tokens, uncoloured
+    # the 3 observation tokens carry no value: the page's script draws them uncoloured (white)
+    assert np.isnan(unpack(page)["values"]["sampler_logprobs"]).tolist() == [False] * 11 + [True] * 3 + [False] * 2

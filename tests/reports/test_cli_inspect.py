@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlpipe.cli import app
+from rlpipe.reports.packed import unpack
 from tests.inspect_project import make_project
 
 runner = CliRunner()
@@ -108,19 +109,26 @@ def test_html_report_is_self_contained_with_prompt_legend_and_a_span_per_token(p
     assert f"wrote {page}" in result.stderr
     text = page.read_text()
     assert text.startswith("<!DOCTYPE html>") and "<style>" in text
-    assert not re.search(r"<(script|link|img)\b", text) and "http" not in text  # no external asset
+    # no external asset: scripts are inline, nothing has a src or an http address
+    assert not re.search(r"<(link|img)\b|\bsrc=", text) and "http" not in text
     assert '<div class="prompt">2+3=</div>' in text
     assert 'class="legend"' in text and "colour = <b>sampler_logprobs</b>" in text
     assert "the 99th percentile of the lowest values over the 4 shown tokens" in text
     assert "reward 1.500" in text and "adv +0.707" in text
-    spans = re.findall(r'<span class="tok" style="background:(#[0-9a-f]{6})" title="([^"]*)">([^<]*)</span>', text)
-    assert [s[2] for s in spans] == ["5", "&lt;eos&gt;", "4", "&lt;eos&gt;"]  # one coloured span per token
-    # every per-token value of the token on hover, exactly (float32 -0.5 - 0.5 = -1)
-    assert spans[0][1].split("\n") == ["token 0: &#x27;5&#x27; (id 10)", "token_advantages = 0.7071",
-                                       "sampler_logprobs = -0.5", "old_logprobs = -0.5", "new_logprobs = -0.45",
-                                       "ref_logprobs = -1", "log_ratio = 0.05", "sampler_mismatch = 0",
-                                       "ref_log_ratio = 0.5", "entropy = 1"]
-    assert len({s[0] for s in spans}) > 1  # different log-probs, different colours
+    # each token stored once, packed: its text, its id and every per-token value, float32 on a small page
+    tokens = unpack(text)
+    assert tokens["offsets"] == [0, 2, 4] and tokens["pieces"] == ["5", "<eos>", "4", "<eos>"]
+    assert tokens["ids"].tolist() == [10, 2, 9, 2] and tokens["dtype"] == "f4"
+    values = tokens["values"]
+    assert values["sampler_logprobs"].tolist() == [-0.5, -0.10000000149011612, -1.0, -0.4000000059604645]
+    assert values["token_advantages"].tolist() == pytest.approx([0.7071] * 2 + [-0.7071] * 2, abs=1e-7)
+    assert values["ref_log_ratio"].tolist() == pytest.approx([0.5] * 4, abs=1e-7) and values["entropy"].tolist() == [1.0] * 4
+    assert values["sampler_mismatch"].tolist() == pytest.approx([0.0, 0.0, -0.1, 0.0], abs=1e-7)
+    assert set(values) == {"token_advantages", "sampler_logprobs", "old_logprobs", "new_logprobs", "ref_logprobs",
+                           "log_ratio", "sampler_mismatch", "ref_log_ratio", "entropy"}
+    # the page's script draws each placeholder; no token is written out as HTML
+    assert re.findall(r'<div class="completion" data-row="(\d)"', text) == ["0", "1"]
+    assert "<span class=\"tok\"" not in text.split("<script")[0].split("<h2>Rollouts</h2>")[1]
     # run metadata: the options used, the estimator, the policy version, the commit (none here)
     for label, value in (("--where", "prompt_id = 1"), ("--sort", "(none)"), ("advantage.estimator", "grpo"),
                          ("iteration (params.yaml)", "0"), ("policy version of the rows", "0"),
@@ -132,12 +140,10 @@ def test_html_report_is_self_contained_with_prompt_legend_and_a_span_per_token(p
     assert ('<tr class="lvl2"><th>1/2 correct</th><td><span class="bar" style="width:200px"></span>1 group(s)'
             '</td></tr>') in text
     assert "2 samples (2 distinct completions) · reward 0.750 ± 1.061 · 1/2 correct" in text
-    # one per-token table per sample, the first open: a row per token, exact values right-aligned
-    tables = re.findall(r'<details class="per-token"( open)?><summary>per-token values of #(\d) \((\d) tokens\)',
-                        text)
-    assert tables == [(" open", "0", "2"), ("", "1", "2")]
-    assert ('<tr><td class="num">0</td><td><code>5</code></td><td class="num">10</td><td class="num">0.7071</td>'
-            '<td class="num">-0.5</td>') in text
+    # one per-token table per sample, closed (the script builds it when it is opened)
+    tables = re.findall(r'<details class="per-token" data-row="(\d)"( open)?><summary>per-token values of #(\d) '
+                        r'\((\d) tokens\)</summary></details>', text)
+    assert tables == [("0", "", "0", "2"), ("1", "", "1", "2")]
     # the artifacts' columns: one per line, not a run of tiny text
     assert "<tr><td>completion_token_ids</td><td>List(Int32)</td></tr>" in text
     assert "Statistics" in text and "Artifacts" in text

@@ -1,0 +1,134 @@
+"""The tokens of an inspect page, stored once: typed arrays, gzip-compressed, base64 in the page.
+
+Why: drawn as HTML, a token cost ~700 bytes (its span, a tooltip with every value, a table row, the
+values twice), so a page of a whole iteration could not open. Packed, a token costs its text, its id
+and one number per column, and the page's script (rlpipe.reports.token_script) draws a sample's
+tokens only when it comes into view and its table only when it is opened. The browser inflates the
+blobs itself (DecompressionStream): no network, no library.
+
+Layout (``pack``): the shown rows' tokens one after another; ``offsets[k]`` is where row k starts.
+``text`` is every token's visible text in UTF-8, ``lengths`` each token's length in UTF-16 code
+units (what a JavaScript string counts), ``ids`` the token ids (-1: none), and one array per
+per-token column, float32 when the page is small and float16 when it is large (NaN: no value).
+Each array is stored byte-plane by byte-plane (every value's first byte, then every second byte, ...):
+the sign and exponent bytes of nearby values repeat, and gzip finds them.
+"""
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rlpipe.reports.render import visible
+
+ELEMENT_ID = "rlpipe-tokens"
+FLOAT_TYPES = {"f4": np.dtype("<f4"), "f2": np.dtype("<f2")}
+
+
+@dataclass(frozen=True)
+class Packed:
+    """The packed tokens of the shown rows, ready to embed (``script_tag``) and its size in bytes."""
+
+    manifest: dict[str, Any]
+    columns: tuple[str, ...]  # per-token columns carried, in the order given
+    left_out: tuple[str, ...] = field(default=())  # per-token columns not carried (the page's budget)
+
+    def script_tag(self) -> str:
+        text = json.dumps(self.manifest, sort_keys=True, separators=(",", ":")).replace("</", "<\\/")
+        return f"<script type=\"application/json\" id=\"{ELEMENT_ID}\">{text}</script>"
+
+    @property
+    def size(self) -> int:
+        return len(self.script_tag().encode("utf-8"))
+
+
+def _planes(array: np.ndarray) -> bytes:
+    """The array's bytes grouped by byte position (all first bytes, then all second bytes, ...)."""
+    a = np.ascontiguousarray(array)
+    return a.view(np.uint8).reshape(-1, a.dtype.itemsize).T.tobytes()
+
+
+def _blob(raw: bytes) -> str:
+    # mtime=0: the same rows give the same bytes (gzip otherwise stamps the time into its header)
+    return base64.b64encode(gzip.compress(raw, compresslevel=6, mtime=0)).decode("ascii")
+
+
+def token_arrays(records: list[dict[str, Any]], columns: list[str]) -> dict[str, Any]:
+    """The shown rows' tokens as flat arrays: offsets, visible text, UTF-16 lengths, ids, one float64 array per column."""
+    pieces: list[str] = []
+    ids: list[int] = []
+    offsets = [0]
+    values: dict[str, list[float]] = {c: [] for c in columns}
+    for rec in records:
+        tokens = [visible(p) for p in rec.get("tokens") or []]
+        pieces += tokens
+        row_ids = rec.get("token_ids") or []
+        ids += [row_ids[i] if i < len(row_ids) and row_ids[i] is not None else -1 for i in range(len(tokens))]
+        for c in columns:
+            vals = (rec.get("per_token") or {}).get(c) or []
+            values[c] += [vals[i] if i < len(vals) and vals[i] is not None else np.nan for i in range(len(tokens))]
+        offsets.append(len(pieces))
+    lengths = np.array([len(p.encode("utf-16-le")) // 2 for p in pieces], dtype="<u2")
+    return {"offsets": offsets, "text": "".join(pieces), "lengths": lengths, "ids": np.array(ids, dtype="<i4"),
+            "values": {c: np.array(v, dtype=np.float64) for c, v in values.items()}}
+
+
+def pack(arrays: dict[str, Any], columns: list[str], *, dtype: str, with_ids: bool = True,
+         left_out: tuple[str, ...] = (), cache: dict[tuple[str, str], str] | None = None) -> Packed:
+    """``arrays`` (from ``token_arrays``) with the named per-token ``columns`` stored as ``dtype`` ("f4"/"f2").
+
+    ``cache`` keeps each compressed array, so trying several column sets over the same arrays compresses once.
+    """
+    cache = {} if cache is None else cache
+
+    def blob(name: str, kind: str, make: Any) -> str:
+        if (name, kind) not in cache:
+            cache[name, kind] = _blob(make())
+        return cache[name, kind]
+
+    blobs = {"text": blob("text", "", lambda: arrays["text"].encode("utf-8")),
+             "lengths": blob("lengths", "", lambda: _planes(arrays["lengths"]))}
+    if with_ids:
+        blobs["ids"] = blob("ids", "", lambda: _planes(arrays["ids"]))
+    for c in columns:
+        blobs[f"column:{c}"] = blob(c, dtype, lambda c=c: _planes(_as_float(arrays["values"][c], dtype)))
+    manifest = {"offsets": arrays["offsets"], "tokens": int(arrays["lengths"].size), "dtype": dtype,
+                "columns": list(columns), "ids": with_ids, "blobs": blobs}
+    return Packed(manifest=manifest, columns=tuple(columns), left_out=tuple(left_out))
+
+
+def _as_float(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float64 values as ``dtype``; beyond float16's range they become +-inf, which the page shows as such."""
+    with np.errstate(over="ignore"):
+        return values.astype(FLOAT_TYPES[dtype])
+
+
+def unpack(page: str) -> dict[str, Any]:
+    """The packed tokens of a page, decoded (what the page's script reads): for tests and scripts.
+
+    Returns ``{"offsets", "dtype", "columns", "pieces": [str], "ids": array or None, "values": {column: array}}``.
+    """
+    found = re.search(f"<script type=\"application/json\" id=\"{ELEMENT_ID}\">(.*?)</script>", page, re.DOTALL)
+    if found is None:
+        raise ValueError(f"no <script id=\"{ELEMENT_ID}\"> in the page: it holds no tokens")
+    manifest = json.loads(found.group(1))
+    blobs = manifest["blobs"]
+
+    def raw(name: str, dtype: np.dtype) -> np.ndarray:
+        data = np.frombuffer(gzip.decompress(base64.b64decode(blobs[name])), dtype=np.uint8)
+        return data.reshape(dtype.itemsize, -1).T.copy().view(dtype).ravel()
+
+    text = gzip.decompress(base64.b64decode(blobs["text"])).decode("utf-8").encode("utf-16-le")
+    pieces, at = [], 0
+    for n in raw("lengths", np.dtype("<u2")):
+        pieces.append(text[2 * at:2 * (at + int(n))].decode("utf-16-le"))
+        at += int(n)
+    dtype = FLOAT_TYPES[manifest["dtype"]]
+    return {"offsets": manifest["offsets"], "dtype": manifest["dtype"], "columns": manifest["columns"],
+            "pieces": pieces, "ids": raw("ids", np.dtype("<i4")) if manifest["ids"] else None,
+            "values": {c: raw(f"column:{c}", dtype) for c in manifest["columns"]}}
