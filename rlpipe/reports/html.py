@@ -106,10 +106,14 @@ def _artifacts(summary: dict[str, Any]) -> list[str]:
 
 
 PAGE_BUDGET_BYTES = 20_000_000  # a page that opens in a few seconds (issue 34: 4,096 rollouts x 1,000 tokens)
-EAGER_TOKENS = 20_000  # tokens drawn as soon as the page opens; the rest when they come near the screen
-# Per-token columns in the order the page drops them when it is over budget (the colouring column never).
-KEEP_ORDER = ("sampler_logprobs", "token_advantages", "log_ratio", "sampler_mismatch", "ref_log_ratio", "entropy",
-              "old_logprobs", "new_logprobs", "ref_logprobs")
+EAGER_TOKENS = 6_000  # tokens drawn as soon as the page opens (a screen or two); the rest when they come into view
+TOKEN_IDS = "token ids"
+# What a page over budget keeps, in this order, after the colouring column (and the text, always):
+# the log-probs that explain the least-likely marks, then what training did, then the rest.
+KEEP_ORDER = ("sampler_logprobs", "token_advantages", "log_ratio", "entropy", "sampler_mismatch", "ref_log_ratio",
+              TOKEN_IDS, "old_logprobs", "new_logprobs", "ref_logprobs")
+PRECISION_NOTES = {"f2": "per-token values stored as float16 (3 significant digits)",
+                   "q8": "per-token values stored in one byte each (~2 significant digits, 127 steps of magnitude)"}
 BROWSER_COMMAND = "rlpipe view"
 
 
@@ -165,39 +169,49 @@ def _view_tag(data: dict[str, Any]) -> str:
 
 
 def _fit(data: dict[str, Any], budget: int) -> tuple[packed_tokens.Packed, int, list[str]]:
-    """The packed tokens of as many shown rows and columns as ``budget`` bytes hold, and what was left out."""
+    """The packed tokens of as many shown rows and columns as ``budget`` bytes hold, and what was left out.
+
+    Every column and the ids as float32, else as float16, else one byte a value with the colouring column
+    first and then each of KEEP_ORDER that still fits; the last rows go when even the text does not fit.
+    """
     records = data["rows"]
-    present = [c for c in KEEP_ORDER if any(c in (r.get("per_token") or {}) for r in records)]
+    present = [c for c in KEEP_ORDER if c == TOKEN_IDS or any(c in (r.get("per_token") or {}) for r in records)]
     colour = data["color_by"]
-    columns = [c for c in present if c == colour] + [c for c in present if c != colour]
-    arrays = packed_tokens.token_arrays(records, columns)
+    wanted = [c for c in present if c == colour] + [c for c in present if c != colour]
+    arrays = packed_tokens.token_arrays(records, [c for c in wanted if c != TOKEN_IDS])
     skeleton = [len(s.encode("utf-8")) for s in _row_skeletons(data, len(records))]
     cache: dict[tuple[str, str], str] = {}
-    # float32 values gzip to ~3 bytes each at best: skip the try when they could not fit
-    if arrays["lengths"].size * len(columns) * 3 <= budget:
-        packed = packed_tokens.pack(arrays, columns, dtype="f4", cache=cache)
-        if packed.size + sum(skeleton) <= budget:
-            return packed, len(records), []
-    notes = [f"per-token values stored as float16 (3-4 significant digits) to keep the page under "
-             f"{budget_mb(budget)}"]
-    while True:
-        packed = packed_tokens.pack(arrays, columns, dtype="f2", left_out=tuple(present[len(columns):]), cache=cache)
-        if packed.size + sum(skeleton) <= budget or len(columns) <= (1 if colour in columns else 0):
-            break
-        columns = columns[:-1]
-    if packed.left_out:
-        notes.append(f"left out of the page to keep it under {budget_mb(budget)}: the per-token columns "
-                     f"{', '.join(packed.left_out)}; `{BROWSER_COMMAND}` shows every column")
+
+    def packed(columns: list[str], dtype: str, rows: dict[str, Any] = arrays) -> packed_tokens.Packed:
+        return packed_tokens.pack(rows, [c for c in columns if c != TOKEN_IDS], dtype=dtype,
+                                  with_ids=TOKEN_IDS in columns, cache=cache if rows is arrays else None,
+                                  left_out=tuple(c for c in present if c not in columns))
+
+    tokens = int(arrays["lengths"].size)
+    for dtype, least_bytes in (("f4", 3.0), ("f2", 1.5)):  # gzip leaves float32 >= ~3 bytes, float16 >= ~1.5
+        if tokens * len(wanted) * least_bytes <= budget:
+            fitted = packed(wanted, dtype)
+            if fitted.size + sum(skeleton) <= budget:
+                return fitted, len(records), [PRECISION_NOTES[dtype]] if dtype != "f4" else []
+    columns = [c for c in wanted if c == colour]
+    for candidate in wanted[len(columns):]:
+        if packed([*columns, candidate], "q8").size + sum(skeleton) <= budget:
+            columns.append(candidate)
+    fitted = packed(columns, "q8")
+    notes = [PRECISION_NOTES["q8"]]
+    if fitted.left_out:
+        notes.append(f"left out of the page to keep it under {budget_mb(budget)}: "
+                     f"{', '.join(fitted.left_out)}; `{BROWSER_COMMAND}` shows every column")
     kept = len(records)
-    while packed.size + sum(skeleton[:kept]) > budget and kept > 1:
-        kept = max(1, int(kept * budget / (packed.size + sum(skeleton[:kept])) * 0.97))
-        packed = packed_tokens.pack(packed_tokens.token_arrays(records[:kept], columns), columns, dtype="f2",
-                                    left_out=packed.left_out)
+    while fitted.size + sum(skeleton[:kept]) > budget and kept > 1:
+        kept = max(1, int(kept * budget / (fitted.size + sum(skeleton[:kept])) * 0.97))
+        fitted = packed(columns, "q8", packed_tokens.token_arrays(records[:kept], [c for c in columns
+                                                                                 if c != TOKEN_IDS]))
     if kept < len(records):
         notes.append(f"the page holds the first {kept} of the {len(records)} rows asked for: all of them would "
                      f"not open quickly under {budget_mb(budget)}; narrow the selection (--where, --show, "
                      f"--prompt-id) or browse every row with `{BROWSER_COMMAND}`")
-    return packed, kept, notes
+    return fitted, kept, notes
 
 
 def budget_mb(n: int) -> str:

@@ -9,7 +9,10 @@ blobs itself (DecompressionStream): no network, no library.
 Layout (``pack``): the shown rows' tokens one after another; ``offsets[k]`` is where row k starts.
 ``text`` is every token's visible text in UTF-8, ``lengths`` each token's length in UTF-16 code
 units (what a JavaScript string counts), ``ids`` the token ids (-1: none), and one array per
-per-token column, float32 when the page is small and float16 when it is large (NaN: no value).
+per-token column (NaN: no value) in one of three precisions, the finest the page's budget allows:
+float32 ("f4", exact), float16 ("f2", 3 significant digits) or one byte of log-magnitude ("q8",
+``log8``: 2 digits, the sign and 127 levels over the column's range of magnitudes). Random low bits
+do not compress, so at a whole iteration's size only one byte a value fits.
 Each array is stored byte-plane by byte-plane (every value's first byte, then every second byte, ...):
 the sign and exponent bytes of nearby values repeat, and gzip finds them.
 """
@@ -28,6 +31,9 @@ from rlpipe.reports.render import visible
 
 ELEMENT_ID = "rlpipe-tokens"
 FLOAT_TYPES = {"f4": np.dtype("<f4"), "f2": np.dtype("<f2")}
+PRECISIONS = ("f4", "f2", "q8")  # finest first
+LOG8_LEVELS = 127  # magnitudes per sign: codes 1..127 positive, 128..254 negative, 0 zero, 255 no value
+LOG8_OCTAVES = 24.0  # the widest range of magnitudes kept; smaller ones (below max / 2**24) become 0
 
 
 @dataclass(frozen=True)
@@ -95,11 +101,48 @@ def pack(arrays: dict[str, Any], columns: list[str], *, dtype: str, with_ids: bo
              "lengths": blob("lengths", "", lambda: _planes(arrays["lengths"]))}
     if with_ids:
         blobs["ids"] = blob("ids", "", lambda: _planes(arrays["ids"]))
+    scales = {}
     for c in columns:
-        blobs[f"column:{c}"] = blob(c, dtype, lambda c=c: _planes(_as_float(arrays["values"][c], dtype)))
+        if dtype == "q8":
+            codes, scales[c] = log8(arrays["values"][c])
+            blobs[f"column:{c}"] = blob(c, dtype, lambda codes=codes: codes.tobytes())
+        else:
+            blobs[f"column:{c}"] = blob(c, dtype, lambda c=c: _planes(_as_float(arrays["values"][c], dtype)))
     manifest = {"offsets": arrays["offsets"], "tokens": int(arrays["lengths"].size), "dtype": dtype,
-                "columns": list(columns), "ids": with_ids, "blobs": blobs}
+                "columns": list(columns), "ids": with_ids, "blobs": blobs, "scales": scales}
     return Packed(manifest=manifest, columns=tuple(columns), left_out=tuple(left_out))
+
+
+def log8(values: np.ndarray) -> tuple[np.ndarray, list[float]]:
+    """One byte per value: 0 for zero, 255 for no value (NaN), else the sign and one of LOG8_LEVELS steps of
+    log2|value| between the column's smallest and largest magnitude; and [log2 of the smallest, step].
+
+    Why logarithmic: log-probs, ratios and mismatches span many decades (1e-6 to 20), and a person
+    reads them by order of magnitude; each value keeps ~2 significant digits (<= 6% off over 24 octaves).
+    """
+    finite = np.isfinite(values)
+    magnitude = np.abs(np.where(finite, values, 0.0))
+    log = np.log2(magnitude, out=np.full(values.shape, -np.inf), where=magnitude > 0)
+    top = float(log.max()) if np.isfinite(log).any() else 0.0
+    kept = np.isfinite(log) & (log >= top - LOG8_OCTAVES)
+    bottom = float(log[kept].min()) if kept.any() else top
+    step = (top - bottom) / (LOG8_LEVELS - 1) if top > bottom else 1.0
+    level = np.clip(np.rint((np.where(kept, log, bottom) - bottom) / step), 0, LOG8_LEVELS - 1).astype(np.int64)
+    codes = np.where(values < 0, 128 + level, 1 + level)
+    codes = np.where(kept, codes, 0)
+    codes = np.where(np.isinf(values), np.where(values < 0, 128, 1) + LOG8_LEVELS - 1, codes)
+    codes = np.where(np.isnan(values), 255, codes)
+    return codes.astype(np.uint8), [bottom, step]
+
+
+def unlog8(codes: np.ndarray, scale: list[float]) -> np.ndarray:
+    """The values ``log8`` codes stand for (what the page's script shows)."""
+    bottom, step = scale
+    level = np.where(codes >= 128, codes.astype(np.int64) - 128, codes.astype(np.int64) - 1)
+    magnitude = np.exp2(bottom + level * step)
+    out = np.where(codes >= 128, -magnitude, magnitude)
+    out = np.where(codes == 0, 0.0, out)
+    return np.where(codes == 255, np.nan, out)
 
 
 def _as_float(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -128,7 +171,8 @@ def unpack(page: str) -> dict[str, Any]:
     for n in raw("lengths", np.dtype("<u2")):
         pieces.append(text[2 * at:2 * (at + int(n))].decode("utf-16-le"))
         at += int(n)
-    dtype = FLOAT_TYPES[manifest["dtype"]]
-    return {"offsets": manifest["offsets"], "dtype": manifest["dtype"], "columns": manifest["columns"],
-            "pieces": pieces, "ids": raw("ids", np.dtype("<i4")) if manifest["ids"] else None,
-            "values": {c: raw(f"column:{c}", dtype) for c in manifest["columns"]}}
+    kind = manifest["dtype"]
+    values = {c: (unlog8(raw(f"column:{c}", np.dtype("u1")), manifest["scales"][c]) if kind == "q8"
+                  else raw(f"column:{c}", FLOAT_TYPES[kind])) for c in manifest["columns"]}
+    return {"offsets": manifest["offsets"], "dtype": kind, "columns": manifest["columns"], "pieces": pieces,
+            "ids": raw("ids", np.dtype("<i4")) if manifest["ids"] else None, "values": values}

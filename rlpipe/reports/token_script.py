@@ -17,7 +17,7 @@ SCRIPT = r"""
   if (!packNode || !viewNode) return;
   const pack = JSON.parse(packNode.textContent);
   const view = JSON.parse(viewNode.textContent);
-  const digits = pack.dtype === "f2" ? 4 : 6;  // float16 holds ~3.3 significant digits, float32 ~7
+  const digits = {f4: 6, f2: 3, q8: 2}[pack.dtype];  // what float32, float16 and one byte of log-magnitude hold
 
   async function inflate(b64) {
     const bin = atob(b64);
@@ -46,6 +46,18 @@ SCRIPT = r"""
     }
     const raw = new Uint16Array(buffer), out = new Float32Array(raw.length);
     for (let i = 0; i < raw.length; i++) out[i] = halfTable[raw[i]];
+    return out;
+  }
+
+  function unlog8(codes, scale) {  // rlpipe.reports.packed.unlog8
+    const table = new Float64Array(256);
+    for (let c = 1; c < 255; c++) {
+      const magnitude = Math.pow(2, scale[0] + (c >= 128 ? c - 128 : c - 1) * scale[1]);
+      table[c] = c >= 128 ? -magnitude : magnitude;
+    }
+    table[255] = NaN;
+    const out = new Float64Array(codes.length);
+    for (let i = 0; i < codes.length; i++) out[i] = table[codes[i]];
     return out;
   }
 
@@ -83,7 +95,8 @@ SCRIPT = r"""
     const values = {};
     for (const c of pack.columns) {
       const bytes = got["column:" + c];
-      values[c] = pack.dtype === "f2" ? halves(unplane(bytes, 2)) : new Float32Array(unplane(bytes, 4));
+      values[c] = pack.dtype === "q8" ? unlog8(bytes, pack.scales[c])
+        : pack.dtype === "f2" ? halves(unplane(bytes, 2)) : new Float32Array(unplane(bytes, 4));
     }
     tokens = {offsets: pack.offsets, starts: starts, text: new TextDecoder().decode(got.text),
               ids: pack.ids ? new Int32Array(unplane(got.ids, 4)) : null, values: values};
