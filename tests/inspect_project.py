@@ -60,12 +60,18 @@ def eval_frame(correct: list[bool], version: int) -> pl.DataFrame:
 
 
 def make_project(root: Path, *, eval_correct: list[bool] = (True, False, False, True), version: int = 0,
-                 with_tokenizer: bool = True) -> Path:
-    """Write params.yaml, every artifact of one iteration, metrics and (optionally) a tokenizer under ``root``."""
+                 with_tokenizer: bool = True, reward_weight: float | None = None) -> Path:
+    """Write params.yaml, every artifact of one iteration, metrics and (optionally) a tokenizer under ``root``.
+
+    ``reward_weight``: params.yaml's weight of exact_answer (score.rewards); none by default. The rewards
+    above are 1.5 x exact_answer, so 1.5 is the weight they were scored with.
+    """
     a = lambda key: root / PATHS[key]  # noqa: E731
     root.mkdir(parents=True, exist_ok=True)
-    (root / "params.yaml").write_text(yaml.safe_dump({"iteration": version, "policy": {"path": "model"},
-                                                      "advantage": {"estimator": "grpo"}, "paths": PATHS}))
+    params = {"iteration": version, "policy": {"path": "model"}, "advantage": {"estimator": "grpo"}, "paths": PATHS}
+    if reward_weight is not None:
+        params["score"] = {"rewards": [{"name": "exact_answer", "weight": reward_weight}]}
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
     pid = [k[0] for k in KEYS]
     sidx = [k[1] for k in KEYS]
     tokens = [ids(t, eos=len(t) == 1) for t in TEXTS]

@@ -130,12 +130,13 @@ def inspect_html(data: dict[str, Any]) -> str:
     return inspect_page(data).html
 
 
-def inspect_page(data: dict[str, Any], *, budget: int = PAGE_BUDGET_BYTES) -> InspectPage:
+def inspect_page(data: dict[str, Any], *, budget: int | None = None) -> InspectPage:
     """The inspect page, its tokens packed once and drawn by its script, kept under ``budget`` bytes.
 
     Over budget, the per-token values go from float32 to float16, then columns are left out (KEEP_ORDER,
     from the end), then rows (the last shown); each step is a note, printed by the CLI and shown in the page.
     """
+    budget = PAGE_BUDGET_BYTES if budget is None else budget
     summary = data["summary"]
     head = ["<h2>Run</h2>", kv_table(render.run_lines(summary))]
     head += [f"<p class=\"warn\">warning: {esc(w)}</p>" for w in summary.get("warnings", [])]

@@ -6,6 +6,7 @@ advantage colours, the histogram bars and the better/worse colours (not a blank 
 """
 from __future__ import annotations
 
+import html as html_module
 import re
 import time
 
@@ -83,3 +84,151 @@ def test_a_long_multi_line_completion_wraps_and_keeps_its_lines(tmp_path):
                     if any(rgb.getpixel((x, y)) == (255, 0, 0) for x in range(0, rgb.width, 4))]
     bands = 1 + sum(1 for a, b in zip(red_rows, red_rows[1:]) if b > a + 1)  # runs of rows with red in them
     assert bands >= 9, bands  # 3 lines of ~1,000 px of tokens each wrap to >= 2 rows, +1 for each ⏎ row
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 34: pages of a whole iteration (item 2), debugging views (item 7)
+# ----------------------------------------------------------------------------------------------
+
+LOW_MARK = (0xD4, 0x00, 0x7A)  # .tok[data-low]'s underline in rlpipe.reports.html's CSS
+CODE = ["def", " score", "(", "rows", "):", "\n", "    ", "total", " =", " 0", "\n", "    ", "for", " r", " in",
+        " rows", ":", "\n", "        ", "total", " +=", " r", " –", "→", "\n"]  # en dash, arrow: whole characters
+
+
+def long_rows(data: dict, *, rows: int, tokens: int) -> dict:
+    """``data`` (an inspect view) with its rows replaced by ``rows`` samples of ``tokens`` code-like tokens each,
+    every per-token column filled with seeded random values: a page of a real iteration's shape."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    template = data["rows"][0]
+    records = []
+    for k in range(rows):
+        pieces = [CODE[(k + i) % len(CODE)] for i in range(tokens)]
+        values = {c: [float(v) for v in -rng.exponential(0.5, tokens).astype(np.float32)]
+                  for c in template["per_token"]}
+        records.append({**template, "prompt_id": k // 8, "sample_idx": k % 8, "tokens": pieces,
+                        "token_ids": [int(i) for i in rng.integers(0, 50_000, tokens)], "per_token": values,
+                        "least_likely": [], "same_completion": [], "turns": []})
+    groups = {str(p): {"prompt_id": p, "size": 8, "shown": 8} for p in range(rows // 8)}
+    return {**data, "rows": records, "groups": groups}
+
+
+@pytest.fixture(scope="module")
+def tiny_view(tmp_path_factory):
+    from rlpipe.reports.inspect import inspect_data
+
+    root = make_project(tmp_path_factory.mktemp("tiny") / "p", reward_weight=1.5)
+    return root, inspect_data(root, show=6)
+
+
+def test_a_whole_iteration_page_stores_tokens_once_and_draws_what_is_in_view(tiny_view, tmp_path):
+    """240 samples x 400 tokens: a few dozen bytes a token (HTML spans with tooltips and tables took ~700), the
+    first screen drawn when the page opens and the rest left for when it scrolls into view, tables closed."""
+    from rlpipe.reports import html
+
+    data = long_rows(tiny_view[1], rows=240, tokens=400)
+    page = tmp_path / "long.html"
+    page.write_text(html.inspect_html(data))
+    assert page.stat().st_size / (240 * 400) < 100
+    dom = browser.dump_dom(page)
+    drawn = re.findall(r'<div class="completion" data-row="(\d+)" data-drawn="1">(.*?)</div>', dom, re.DOTALL)
+    assert 1 <= len(drawn) < 240 and [int(k) for k, _ in drawn] == list(range(len(drawn)))  # in page order
+    # sample 0's tokens, each whole (the en dash and the arrow too), newlines breaking lines
+    first = re.findall(r'<span class="tok" style="background:#[0-9a-f]{6}" title="[^"]*">([^<]*)</span>(<br>)?',
+                       drawn[0][1])
+    assert [t for t, _ in first] == [CODE[i % len(CODE)].replace("\n", "⏎") for i in range(400)]
+    assert sum(1 for _, br in first if br) == sum(1 for i in range(400) if CODE[i % len(CODE)] == "\n")
+    details = re.findall(r'<details class="per-token" data-row="\d+"( open)?>(.*?)</details>', dom, re.DOTALL)
+    assert len(details) == 240 and not any(is_open or "<table" in body for is_open, body in details)
+
+
+def test_an_opened_per_token_table_is_built_from_the_packed_values(tiny_view, tmp_path):
+    from rlpipe.reports import html
+
+    text = html.inspect_html(tiny_view[1]).replace('<details class="per-token" data-row="0">',
+                                                   '<details class="per-token" data-row="0" open>')
+    page = tmp_path / "open.html"
+    page.write_text(text)
+    dom = browser.dump_dom(page)
+    table = re.search(r'<details class="per-token" data-row="0" open=""[^>]*>(.*?)</details>', dom, re.DOTALL).group(1)
+    # row (1, 0) "5<eos>": advantage 0.7071, sampler -0.5 / -0.1, old = sampler, new = old + 0.05, ref = sampler - 0.5
+    rows = re.findall(r"<tr>(.*?)</tr>", table)
+    cells = [re.findall(r"<t[dh][^>]*>(?:<code>)?([^<]*)", r) for r in rows]
+    assert cells[0] == ["pos", "token", "id", "token_advantages", "sampler_logprobs", "old_logprobs", "new_logprobs",
+                        "ref_logprobs", "log_ratio", "sampler_mismatch", "ref_log_ratio", "entropy"]
+    assert cells[1] == ["0", "5", "10", "0.7071", "-0.5", "-0.5", "-0.45", "-1", "0.05", "0", "0.5", "1"]
+    assert cells[2][:5] == ["1", "&lt;eos&gt;", "2", "0.7071", "-0.1"]
+    spans = re.findall(r'<span class="tok" style="background:#[0-9a-f]{6}" title="([^"]*)">5</span>', dom)
+    assert html_module.unescape(spans[0]).split("\n")[:3] == ['token 0: "5" (id 10)', "token_advantages = 0.7071", "sampler_logprobs = -0.5"]
+
+
+def test_a_page_over_budget_says_what_it_left_out_and_points_at_the_browser(tiny_view, tmp_path):
+    from rlpipe.reports import html
+
+    data = long_rows(tiny_view[1], rows=240, tokens=400)
+    built = html.inspect_page(data, budget=150_000)
+    page = tmp_path / "capped.html"
+    page.write_text(built.html)
+    assert page.stat().st_size <= 150_000
+    kept = int(re.search(r"the page holds the first (\d+) of the 240 rows", built.notes[-1]).group(1))
+    assert 1 <= kept < 240 and "`rlpipe view`" in built.notes[-1]
+    assert built.notes[0].startswith("per-token values stored in one byte each")
+    dom = browser.dump_dom(page)
+    assert len(re.findall(r'<div class="completion" data-row="\d+"', dom)) == kept
+    assert dom.count('<p class="warn budget">') == len(built.notes)
+    assert f"the page holds the first {kept} of the 240 rows asked for" in dom and "`rlpipe view`" in dom
+
+
+def test_least_likely_tokens_are_marked_whatever_the_colouring(tiny_view, tmp_path):
+    """Coloured by advantage (one colour per sample under GRPO), the sampled token at log-prob -2 of sample
+    (2, 0) "88" still stands out: underlined, numbered, named in its sample's header."""
+    from rlpipe.reports import html
+
+    root, data = tiny_view
+    assert data["color_by"] == "token_advantages"
+    page = tmp_path / "low.html"
+    page.write_text(html.inspect_html(data))
+    dom = browser.dump_dom(page)
+    marked = re.findall(r'<span class="tok" style="background:#[0-9a-f]{6}" data-low="(\d)" title="([^"]*)">'
+                        r'([^<]*)</span>', dom)
+    assert [(rank, text) for rank, _, text in marked] == [("1", "8")]
+    assert "least likely token #1 of this sample" in marked[0][1]
+    assert "least likely: '8' @1 -2.00" in dom
+    shot = browser.colour_counts(browser.screenshot(page, tmp_path / "low.png", height=3000))
+    assert browser.near(shot, LOW_MARK, tol=6) >= 10  # the underline under one digit
+
+
+def test_reward_weights_beside_components_rebuild_the_reward(tiny_view, tmp_path):
+    from rlpipe.reports import html
+
+    page = tmp_path / "weights.html"
+    page.write_text(html.inspect_html(tiny_view[1]))
+    dom = browser.dump_dom(page)
+    # rewards are 1.5 x exact_answer: 1.5 = 1.5 x 1.000, 0 = 1.5 x 0.000
+    assert "reward 1.500 = 1.5 × exact_answer 1.000" in dom and "reward 0.000 = 1.5 × exact_answer 0.000" in dom
+    assert "<th>reward_exact_answer (weight 1.5)</th>" in dom
+
+
+def test_look_here_lists_the_rows_worth_a_look_and_links_them(tiny_view, tmp_path):
+    from rlpipe.reports import html
+
+    page = tmp_path / "look.html"
+    page.write_text(html.inspect_html(tiny_view[1]))
+    dom = browser.dump_dom(page)
+    assert "<h2>Look here</h2>" in dom
+
+    def listed(key: str) -> list[tuple[str, ...]]:
+        table = re.search(rf'<table class="look-here" data-list="{key}">(.*?)</table>', dom, re.DOTALL).group(1)
+        return re.findall(r'<tr><td class="num">(\d+)</td><td class="num">(\d+)</td><td class="num">([^<]*)</td>'
+                          r'.*?<a href="#(row-\d+)">', table)
+
+    # the one judged-wrong sample (1, 1) "4"; the truncated "88"; (1, 1)'s old log-prob is 0.1 below the sampler's
+    assert [r[:3] for r in listed("high_reward_wrong")] == [("1", "1", "0.000")]
+    assert [r[:3] for r in listed("truncated")] == [("2", "0", "0.000")]
+    assert listed("sampler_mismatch")[0][:3] == ("1", "1", "0.100")
+    # each link lands on that sample
+    for pid, sidx, _, anchor in listed("high_reward_wrong") + listed("truncated"):
+        sample = re.search(rf'<section class="group" data-prompt-id="{pid}">(?:(?!</section>).)*?<div class="sample" '
+                           rf'id="{anchor}" data-sample-idx="(\d+)"', dom, re.DOTALL)
+        assert sample and sample.group(1) == sidx, anchor
