@@ -147,7 +147,7 @@ def inspect_page(data: dict[str, Any], *, budget: int | None = None) -> InspectP
     if not data["rows"]:
         return InspectPage(page(_title(summary), "\n".join(head)), [])
     fixed = sum(len(part.encode("utf-8")) for part in head) + len(CSS) + len(SCRIPT) + 2_000
-    packed, kept, notes = _fit(data, budget - fixed)
+    packed, kept, notes = fit_tokens(data, budget - fixed)
     body = [*head, _rows(data, kept, notes), packed.script_tag(), _view_tag(data), f"<script>{SCRIPT}</script>"]
     return InspectPage(page(_title(summary), "\n".join(body)), notes)
 
@@ -169,7 +169,7 @@ def _view_tag(data: dict[str, Any]) -> str:
     return f"<script type=\"application/json\" id=\"rlpipe-view\">{text}</script>"
 
 
-def _fit(data: dict[str, Any], budget: int) -> tuple[packed_tokens.Packed, int, list[str]]:
+def fit_tokens(data: dict[str, Any], budget: int) -> tuple[packed_tokens.Packed, int, list[str]]:
     """The packed tokens of as many shown rows and columns as ``budget`` bytes hold, and what was left out.
 
     Every column and the ids as float32, else as float16, else one byte a value with the colouring column
@@ -180,7 +180,7 @@ def _fit(data: dict[str, Any], budget: int) -> tuple[packed_tokens.Packed, int, 
     colour = data["color_by"]
     wanted = [c for c in present if c == colour] + [c for c in present if c != colour]
     arrays = packed_tokens.token_arrays(records, [c for c in wanted if c != TOKEN_IDS])
-    skeleton = [len(s.encode("utf-8")) for s in _row_skeletons(data, len(records))]
+    skeleton = [len(s.encode("utf-8")) for s in row_skeletons(data, len(records))]
     cache: dict[tuple[str, str], str] = {}
 
     def packed(columns: list[str], dtype: str, rows: dict[str, Any] = arrays) -> packed_tokens.Packed:
@@ -216,10 +216,10 @@ def _fit(data: dict[str, Any], budget: int) -> tuple[packed_tokens.Packed, int, 
 
 
 def budget_mb(n: int) -> str:
-    return f"{n / 1e6:.0f} MB"
+    return f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
 
 
-def _row_skeletons(data: dict[str, Any], kept: int) -> list[str]:
+def row_skeletons(data: dict[str, Any], kept: int) -> list[str]:
     """Each shown row's HTML without its tokens (a placeholder the script fills), for sizing the page."""
     return [_sample(rec, k) for k, rec in enumerate(data["rows"][:kept])]
 

@@ -274,3 +274,13 @@ def test_diff_bad_sides_exit_2(two_iterations, tmp_path):
           message="neither a directory nor a git revision")
     fails("diff", str(a), "3", "--repo", str(tmp_path), message="no iteration-* tags yet")
     fails("diff", str(a), str(a), "--html", str(tmp_path / "no/dir.html"), message="does not exist")
+
+
+def test_html_over_its_budget_says_so_on_stderr(project, tmp_path, monkeypatch):
+    from rlpipe.reports import html as html_page
+
+    monkeypatch.setattr(html_page, "PAGE_BUDGET_BYTES", 1)  # nothing fits: the page keeps one row and says why
+    page = tmp_path / "small.html"
+    result = ok("inspect", str(project), "--show", "6", "--html", str(page))
+    assert "--html: the page holds the first 1 of the 5 rows asked for" in result.stderr
+    assert "`rlpipe view`" in result.stderr and "the page holds the first 1 of the 5 rows" in page.read_text()

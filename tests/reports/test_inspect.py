@@ -255,3 +255,39 @@ def test_length_histogram_keeps_empty_bins_and_k3_is_never_negative():
     assert ((-r).exp() + r - 1).mean() < 0.0  # the formula as written
     assert k3_mean(r) == 0.0
     assert math.isclose(k3_mean(pl.Series([0.5])), math.exp(-0.5) + 0.5 - 1)
+
+
+def test_least_likely_takes_the_lowest_sampled_log_probs_under_the_bar():
+    from rlpipe.reports.inspect import least_likely
+
+    # -1.0 is not below -1; None (an observation token) is never a candidate; ties go to the earlier token
+    assert least_likely([-0.1, -7.34, None, -1.0, -2.0, -7.34, -3.0]) == [
+        {"position": 1, "logprob": -7.34}, {"position": 5, "logprob": -7.34}, {"position": 6, "logprob": -3.0}]
+    assert least_likely([-0.01, -0.5]) == [] and least_likely(None) == []
+
+
+def test_reward_weights_come_from_params_and_a_changed_weight_is_reported(tmp_path):
+    from rlpipe.reports.render import row_header
+
+    data = inspect_data(make_project(tmp_path / "a", reward_weight=1.5), show=6)
+    assert data["summary"]["reward_weights"] == {"exact_answer": 1.5}
+    assert not any("weighted sum" in w for w in data["summary"]["warnings"])
+    rec = next(r for r in data["rows"] if (r["prompt_id"], r["sample_idx"]) == (1, 1))
+    assert row_header(rec).startswith("#1  reward 0.000 = 1.5 × exact_answer 0.000  adv -0.707")
+    # rewards were 1.5 x exact_answer; params now say 1.0: the 4 rows with exact_answer 1.0 no longer add up
+    changed = inspect_data(make_project(tmp_path / "b", reward_weight=1.0))["summary"]["warnings"]
+    assert any(w.startswith("4 row(s) have a reward that is not the weighted sum") for w in changed)
+    assert "reward_weights" not in inspect_data(make_project(tmp_path / "c"))["summary"]  # params say nothing
+
+
+def test_look_here_ranks_every_selected_row(project):
+    lists = inspect_data(project)["summary"]["look_here"]
+    assert set(lists) == {"high_reward_wrong", "longest", "log_ratio", "sampler_mismatch", "truncated"}
+    pick = lambda key: [(r["prompt_id"], r["sample_idx"], r["value"]) for r in lists[key]["rows"]]  # noqa: E731
+    assert pick("high_reward_wrong") == [(1, 1, 0.0)] and lists["high_reward_wrong"]["total"] == 1
+    assert pick("truncated") == [(2, 0, 0.0)]
+    # old = sampler except row (1, 1)'s first token, 0.1 lower: its |mismatch| leads, the others are 0
+    assert pick("sampler_mismatch")[0][:2] == (1, 1) and pick("sampler_mismatch")[0][2] == pytest.approx(0.1)
+    assert [v for _, _, v in pick("log_ratio")] == pytest.approx([0.05] * 5, abs=1e-6)  # new = old + 0.05
+    assert lists["longest"]["rows"][0]["command"] == f"rlpipe inspect {project} --prompt-id 0"
+    assert lists["truncated"]["rows"][0]["excerpt"] == "88"

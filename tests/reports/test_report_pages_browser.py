@@ -185,7 +185,7 @@ def test_least_likely_tokens_are_marked_whatever_the_colouring(tiny_view, tmp_pa
     (2, 0) "88" still stands out: underlined, numbered, named in its sample's header."""
     from rlpipe.reports import html
 
-    root, data = tiny_view
+    data = tiny_view[1]
     assert data["color_by"] == "token_advantages"
     page = tmp_path / "low.html"
     page.write_text(html.inspect_html(data))
