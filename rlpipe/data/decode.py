@@ -34,15 +34,19 @@ class TokenDecoder:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
     def pieces(self, ids: list[int]) -> list[str]:
+        ids = list(ids)
+        # every token's context and context + token, decoded in two batched calls (not two calls a token:
+        # a whole iteration's page decodes millions of tokens)
+        contexts = [ids[max(0, i - self.CONTEXT):i] for i in range(len(ids))]
+        befores = self._tok.decode_batch(contexts, skip_special_tokens=False)
+        afters = self._tok.decode_batch([[*c, t] for c, t in zip(contexts, ids)], skip_special_tokens=False)
         out = []
-        for i, tid in enumerate(ids):
-            context = list(ids[max(0, i - self.CONTEXT):i])
+        for i, (before, after) in enumerate(zip(befores, afters)):
             # bytes of a character not yet complete decode to U+FFFD: they belong to the token that completes it
-            before = self.text(context).rstrip(REPLACEMENT)
-            after = self.text([*context, tid])
+            before = before.rstrip(REPLACEMENT)
             if i + 1 < len(ids):  # the last token keeps what it cannot complete: the text really ends there
                 after = after.rstrip(REPLACEMENT)
-            out.append(after[len(before):] if after.startswith(before) else self.text([tid]))
+            out.append(after[len(before):] if after.startswith(before) else self.text([ids[i]]))
         return out
 
 

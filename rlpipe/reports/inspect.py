@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from rlpipe.data.decode import TokenDecoder, fallback_pieces, find_decoder
@@ -435,8 +436,7 @@ def row_records(rows: pl.DataFrame, *, decoder: TokenDecoder | None, color_by: s
             rec["token_ids"] = ids
             rec["tokens"] = decoder.pieces(ids) if decoder else fallback_pieces(row.get("completion_text"), ids)
         mask = row.get("policy_mask")  # observation tokens get no value: only the policy's tokens are coloured
-        rec["per_token"] = {c: [_json_value(v) if mask is None or mask[i] else None for i, v in enumerate(row[c])]
-                            for c in per_token if row[c] is not None}
+        rec["per_token"] = {c: token_values(row[c], mask) for c in per_token if row[c] is not None}
         rec["least_likely"] = least_likely(rec["per_token"].get("sampler_logprobs"))
         if weights:
             rec["component_weights"] = dict(weights)
@@ -444,6 +444,19 @@ def row_records(rows: pl.DataFrame, *, decoder: TokenDecoder | None, color_by: s
         rec["color_by"] = color_by
         records.append(rec)
     return records
+
+
+def token_values(values: list[float | None], mask: list[bool] | None) -> list[float | None]:
+    """A per-token column as JSON-ready floats: None where there is no value, the value is not finite,
+    or the token is not the policy's (``mask`` false). Vectorised: a page of a whole iteration has millions."""
+    array = np.asarray(values, dtype=np.float64)  # None -> NaN
+    missing = ~np.isfinite(array)
+    if mask is not None:
+        missing |= ~np.asarray(mask, dtype=bool)[:array.size]
+    out = array.tolist()
+    for i in np.flatnonzero(missing).tolist():
+        out[i] = None
+    return out
 
 
 def least_likely(logprobs: list[float | None] | None, *, count: int = LEAST_LIKELY_COUNT,
