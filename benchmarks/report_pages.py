@@ -164,7 +164,7 @@ class DevTools:
             os.dup2(read_end, 3)
             os.dup2(write_end, 4)
 
-        self._profile = tempfile.TemporaryDirectory(prefix="rlpipe-bench-chromium-")
+        self._profile = tempfile.TemporaryDirectory(prefix="rlpipe-bench-chromium-", ignore_cleanup_errors=True)
         self.proc = subprocess.Popen([chromium, *extra, "--remote-debugging-pipe",
                                       f"--user-data-dir={self._profile.name}", "about:blank"],
                                      preexec_fn=fds, pass_fds=(3, 4), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -205,8 +205,12 @@ class DevTools:
             self.events.append(self._read())
 
     def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+        self.proc.terminate()  # Chromium ends its renderer and GPU processes on SIGTERM
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         self._profile.cleanup()
 
 

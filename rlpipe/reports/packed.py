@@ -8,7 +8,8 @@ blobs itself (DecompressionStream): no network, no library.
 
 Layout (``pack``): the shown rows' tokens one after another; ``offsets[k]`` is where row k starts.
 ``text`` is every token's visible text in UTF-8, ``lengths`` each token's length in UTF-16 code
-units (what a JavaScript string counts), ``ids`` the token ids (-1: none), and one array per
+units (what a JavaScript string counts), ``ids`` the token ids (-1: none), ``environment`` 1 for the
+tokens a multi-turn rollout's environment wrote (only when there are some), and one array per
 per-token column (NaN: no value) in one of three precisions, the finest the page's budget allows:
 float32 ("f4", exact), float16 ("f2", 3 significant digits) or one byte of log-magnitude ("q8",
 ``log8``: 2 digits, the sign and 127 levels over the column's range of magnitudes). Random low bits
@@ -68,12 +69,14 @@ def token_arrays(records: list[dict[str, Any]], columns: list[str]) -> dict[str,
     """The shown rows' tokens as flat arrays: offsets, visible text, UTF-16 lengths, ids, one float64 array per column."""
     pieces: list[str] = []
     ids: list[np.ndarray] = []
+    environment: list[np.ndarray] = []
     offsets = [0]
     values: dict[str, list[np.ndarray]] = {c: [] for c in columns}
     for rec in records:
         tokens = [visible(p) for p in rec.get("tokens") or []]
         pieces += tokens
         ids.append(_fitted(rec.get("token_ids"), len(tokens)))
+        environment.append(_observations(rec.get("turns") or [], len(tokens)))
         for c in columns:
             values[c].append(_fitted((rec.get("per_token") or {}).get(c), len(tokens)))
         offsets.append(len(pieces))
@@ -84,7 +87,17 @@ def token_arrays(records: list[dict[str, Any]], columns: list[str]) -> dict[str,
     joined = lambda parts: np.concatenate(parts) if parts else np.zeros(0)  # noqa: E731
     return {"offsets": offsets, "text": text, "lengths": lengths,
             "ids": np.nan_to_num(joined(ids), nan=-1).astype("<i4"),
+            "environment": joined(environment).astype(np.uint8),
             "values": {c: joined(v) for c, v in values.items()}}
+
+
+def _observations(turns: list[dict[str, Any]], n: int) -> np.ndarray:
+    """1 for the tokens a multi-turn rollout's environment wrote (rlpipe.reports.turn_view's observation spans)."""
+    out = np.zeros(n)
+    for turn in turns:
+        start, stop = turn["observation"]
+        out[start:min(stop, n)] = 1
+    return out
 
 
 def _fitted(values: list[Any] | None, n: int) -> np.ndarray:
@@ -114,6 +127,8 @@ def pack(arrays: dict[str, Any], columns: list[str], *, dtype: str, with_ids: bo
              "lengths": blob("lengths", "", lambda: _planes(arrays["lengths"]))}
     if with_ids:
         blobs["ids"] = blob("ids", "", lambda: _planes(arrays["ids"]))
+    if arrays["environment"].any():  # multi-turn: which tokens are the environment's (a bit, nearly free)
+        blobs["environment"] = blob("environment", "", lambda: arrays["environment"].tobytes())
     scales = {}
     for c in columns:
         if dtype == "q8":
@@ -188,4 +203,5 @@ def unpack(page: str) -> dict[str, Any]:
     values = {c: (unlog8(raw(f"column:{c}", np.dtype("u1")), manifest["scales"][c]) if kind == "q8"
                   else raw(f"column:{c}", FLOAT_TYPES[kind])) for c in manifest["columns"]}
     return {"offsets": manifest["offsets"], "dtype": kind, "columns": manifest["columns"], "pieces": pieces,
-            "ids": raw("ids", np.dtype("<i4")) if manifest["ids"] else None, "values": values}
+            "ids": raw("ids", np.dtype("<i4")) if manifest["ids"] else None, "values": values,
+            "environment": raw("environment", np.dtype("u1")) if "environment" in blobs else None}

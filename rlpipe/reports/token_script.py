@@ -5,7 +5,8 @@ when its placeholder (``<div class="completion" data-row="K">``) comes near the 
 ``eager_tokens`` of the page at once; a sample's per-token table when its ``<details>`` is opened.
 Each token is a ``<span class="tok">`` coloured on the page's scale (the colours of
 rlpipe.reports.render.token_color, computed here from the value), with every carried value in its
-tooltip; a newline token also breaks the line; the least likely sampled tokens carry ``data-low``.
+tooltip; a newline token also breaks the line; the least likely sampled tokens carry ``data-low``
+(their rank), the tokens a multi-turn environment wrote ``data-env`` (for the page's CSS to set apart).
 The browser's own DecompressionStream inflates the data: no network, no library.
 """
 
@@ -99,7 +100,8 @@ SCRIPT = r"""
         : pack.dtype === "f2" ? halves(unplane(bytes, 2)) : new Float32Array(unplane(bytes, 4));
     }
     tokens = {offsets: pack.offsets, starts: starts, text: new TextDecoder().decode(got.text),
-              ids: pack.ids ? new Int32Array(unplane(got.ids, 4)) : null, values: values};
+              ids: pack.ids ? new Int32Array(unplane(got.ids, 4)) : null, values: values,
+              environment: got.environment || null};
   }
   function piece(i) { return tokens.text.slice(tokens.starts[i], tokens.starts[i + 1]); }
   function lowRanks(div) {
@@ -124,6 +126,7 @@ SCRIPT = r"""
       span.className = "tok";
       if (shade) span.setAttribute("style", "background:" + colour(shade[i]));
       if (rank) span.setAttribute("data-low", String(rank));
+      if (tokens.environment && tokens.environment[i]) span.setAttribute("data-env", "1");  // an observation
       span.title = tooltip(row, i - a, i, rank);
       span.textContent = text;
       frag.appendChild(span);

@@ -46,4 +46,6 @@ def test_inspect_shows_turns_and_colours_only_policy_tokens(tokenizer, tmp_path)
     page = inspect_html(data)
     assert "turn 1: tokens 0-10 · add({&quot;a&quot;: 1, &quot;b&quot;: 2}) → ok: 3" in page
     # the 3 observation tokens carry no value: the page's script draws them uncoloured (white)
-    assert np.isnan(unpack(page)["values"]["sampler_logprobs"]).tolist() == [False] * 11 + [True] * 3 + [False] * 2
+    tokens = unpack(page)
+    assert np.isnan(tokens["values"]["sampler_logprobs"]).tolist() == [False] * 11 + [True] * 3 + [False] * 2
+    assert tokens["environment"].tolist() == [0] * 11 + [1] * 3 + [0] * 2  # drawn with data-env="1"
