@@ -133,8 +133,9 @@ def inspect_html(data: dict[str, Any]) -> str:
 def inspect_page(data: dict[str, Any], *, budget: int | None = None) -> InspectPage:
     """The inspect page, its tokens packed once and drawn by its script, kept under ``budget`` bytes.
 
-    Over budget, the per-token values go from float32 to float16, then columns are left out (KEEP_ORDER,
-    from the end), then rows (the last shown); each step is a note, printed by the CLI and shown in the page.
+    Over budget, the per-token values go from float32 to float16 to one byte, then columns are left out
+    (KEEP_ORDER, from the end), then rows (the last shown); each step is a note, printed by the CLI and
+    shown in the page.
     """
     budget = PAGE_BUDGET_BYTES if budget is None else budget
     summary = data["summary"]
@@ -142,13 +143,15 @@ def inspect_page(data: dict[str, Any], *, budget: int | None = None) -> InspectP
     head += [f"<p class=\"warn\">warning: {esc(w)}</p>" for w in summary.get("warnings", [])]
     head += ["<h2>Statistics</h2>", _stats_table(render.summary_lines(summary)
                                                   + [render.Line(k, v) for k, v in turn_summary_lines(summary)])]
-    head.append(_look_here(summary, data["rows"]))
-    head += ["<h2>Artifacts</h2>", *_artifacts(summary)]
+    tail = ["<h2>Artifacts</h2>", *_artifacts(summary)]
     if not data["rows"]:
-        return InspectPage(page(_title(summary), "\n".join(head)), [])
-    fixed = sum(len(part.encode("utf-8")) for part in head) + len(CSS) + len(SCRIPT) + 2_000
-    packed, kept, notes = fit_tokens(data, budget - fixed)
-    body = [*head, _rows(data, kept, notes), packed.script_tag(), _view_tag(data), f"<script>{SCRIPT}</script>"]
+        return InspectPage(page(_title(summary), "\n".join([*head, _look_here(summary, []), *tail])), [])
+    fixed = sum(len(part.encode("utf-8")) for part in [*head, _look_here(summary, data["rows"]), *tail])
+    packed, kept, notes = fit_tokens(data, budget - fixed - len(CSS) - len(SCRIPT) - 2_000)
+    records = data["rows"][:kept]
+    scale = render.color_scale(records, data["color_by"])  # over the tokens on the page
+    body = [*head, _look_here(summary, records), *tail, _rows(data, kept, notes, scale), packed.script_tag(),
+            _view_tag(data["color_by"], scale), f"<script>{SCRIPT}</script>"]
     return InspectPage(page(_title(summary), "\n".join(body)), notes)
 
 
@@ -156,12 +159,11 @@ def _title(summary: dict[str, Any]) -> str:
     return f"rlpipe inspect {summary['source']} ({summary['view']} view)"
 
 
-def _view_tag(data: dict[str, Any]) -> str:
+def _view_tag(column: str | None, scale: dict[str, Any] | None) -> str:
     """What the page's script needs besides the tokens: the colour scale and the order of the tooltip's values."""
     from rlpipe.reports.inspect import COLOR_COLUMNS
 
-    scale = render.color_scale(data["rows"], data["color_by"])
-    view = {"color_by": data["color_by"] if scale else None, "scale": scale, "order": list(COLOR_COLUMNS),
+    view = {"color_by": column if scale else None, "scale": scale, "order": list(COLOR_COLUMNS),
             "eager_tokens": EAGER_TOKENS, "max_blend": render.MAX_BLEND,
             "colours": {"positive": render.POSITIVE, "negative": render.NEGATIVE, "surprise": render.SURPRISE,
                         "magnitude": render.MAGNITUDE}}
@@ -266,9 +268,8 @@ def _least_likely_legend() -> str:
             f"{esc(render.LEAST_LIKELY_NOTE)}, whatever the colour</span></div>")
 
 
-def _rows(data: dict[str, Any], kept: int, notes: list[str]) -> str:
+def _rows(data: dict[str, Any], kept: int, notes: list[str], scale: dict[str, Any] | None) -> str:
     column = data["color_by"]
-    scale = render.color_scale(data["rows"], column)
     summary = data["summary"]
     sel = summary.get("selection") or {}
     parts = ["<h2>Rollouts</h2>"]
