@@ -437,7 +437,22 @@ def inspect(
 
     _show(lambda: inspect_data(target, eval_view=eval_view, where=where, sort=sort, descending=desc, show=show,
                                prompt_ids=prompt_id, color_by=color_by, tokenizer=tokenizer, rev=rev),
-          to_html=_inspect_page, to_terminal=print_inspect, html=html, as_json=as_json)
+          to_html=_inspect_page, to_terminal=_beside_page(print_inspect, html), html=html, as_json=as_json)
+
+
+TERMINAL_ROWS_BESIDE_PAGE = 8  # with --html the page holds the rows: the terminal shows the first few
+
+
+def _beside_page(print_inspect, html: Optional[str]):
+    """The terminal view; with --html, only its first rows (a whole iteration's rows belong in the page)."""
+    def show(console, data: dict) -> None:
+        rows = data["rows"]
+        if not html or len(rows) <= TERMINAL_ROWS_BESIDE_PAGE:
+            return print_inspect(console, data)
+        print_inspect(console, {**data, "rows": rows[:TERMINAL_ROWS_BESIDE_PAGE]})
+        console.print(f"... the first {TERMINAL_ROWS_BESIDE_PAGE} of {len(rows)} rows shown here; every row is in "
+                      f"{html}", style="dim", highlight=False)
+    return show
 
 
 def _inspect_page(data: dict) -> str:

@@ -65,8 +65,27 @@ def print_inspect(console: Any, data: dict[str, Any]) -> None:
     for w in summary.get("warnings", []):
         console.print(Text(f"warning: {w}", style="yellow"))
     console.print(_stat_table(summary_lines(summary) + [Line(k, v) for k, v in turn_summary_lines(summary)]))
+    _print_look_here(console, summary.get("look_here") or {})
     if data["rows"]:
         _print_rows(console, data)
+
+
+def _print_look_here(console: Any, lists: dict[str, Any]) -> None:
+    """The rows worth a look (rlpipe.reports.look_here): one small table per list that has rows."""
+    from rich.table import Table
+    from rich.text import Text
+
+    for entry in lists.values():
+        if not entry["rows"]:
+            continue
+        table = Table(title=f"look here: {entry['title']} ({entry['note']}; {entry['total']} rows)",
+                      title_justify="left")
+        for col in ("prompt", "sample", entry["value"], "reward", "tokens", "completion starts"):
+            table.add_column(col, overflow="fold")
+        for r in entry["rows"]:
+            table.add_row(str(r["prompt_id"]), str(r["sample_idx"]), fmt(r["value"]), fmt(r["reward"]),
+                          fmt(r["length"]), Text(r["excerpt"]))
+        console.print(table)
 
 
 def _print_rows(console: Any, data: dict[str, Any]) -> None:

@@ -284,3 +284,15 @@ def test_html_over_its_budget_says_so_on_stderr(project, tmp_path, monkeypatch):
     result = ok("inspect", str(project), "--show", "6", "--html", str(page))
     assert "--html: the page holds the first 1 of the 5 rows asked for" in result.stderr
     assert "`rlpipe view`" in result.stderr and "the page holds the first 1 of the 5 rows" in page.read_text()
+
+
+def test_with_html_the_terminal_shows_the_first_rows_and_the_look_here_lists(project, tmp_path, monkeypatch):
+    import rlpipe.cli
+
+    monkeypatch.setattr(rlpipe.cli, "TERMINAL_ROWS_BESIDE_PAGE", 2)
+    page = tmp_path / "all.html"
+    out = ok("inspect", str(project), "--show", "6", "--html", str(page)).stdout
+    assert f"... the first 2 of 5 rows shown here; every row is in {page}" in out
+    assert out.count("reward 1.500") + out.count("reward 0.000") == 2  # two row headers, not five
+    assert len(re.findall(r'<div class="sample" id="row-\d"', page.read_text())) == 5
+    assert "look here: highest-reward wrong answers" in out and "look here: truncated completions" in out
