@@ -45,19 +45,20 @@ def chromium() -> str:
     pytest.skip(reason)
 
 
-def _run(page: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _run(page: Path, *extra: str, timeout: float = 120, fragment: str = "") -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory(prefix="rlpipe-chromium-") as profile:
         cmd = [chromium(), *FLAGS, *OFFLINE, f"--user-data-dir={profile}", "--virtual-time-budget=15000", *extra,
-               page.resolve().as_uri()]
+               page.resolve().as_uri() + (f"#{fragment}" if fragment else "")]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc
 
 
-def dump_dom(page: Path) -> str:
-    """The page's DOM after its scripts ran (virtual time: timers and animation frames included)."""
-    return _run(page, "--dump-dom").stdout
+def dump_dom(page: Path, *, fragment: str = "") -> str:
+    """The page's DOM after its scripts ran (virtual time: timers and animation frames included); with
+    ``fragment``, opened at that anchor (``page.html#fragment``), scrolled there as a link would."""
+    return _run(page, "--dump-dom", fragment=fragment).stdout
 
 
 def screenshot(page: Path, png: Path, *, width: int = 1280, height: int = 1600) -> Path:

@@ -231,17 +231,27 @@ def _sample(rec: dict[str, Any], k: int) -> str:
     tokens = ""
     if "tokens" in rec:
         low = ",".join(str(t["position"]) for t in rec.get("least_likely") or [])
-        tokens = (f"{completion_placeholder(k, low)}{turns_html(rec)}"
+        tokens = (f"{completion_placeholder(k, low, rec['tokens'])}{turns_html(rec)}"
                   f"<details class=\"per-token\" data-row=\"{k}\"><summary>per-token values of "
                   f"#{esc(rec.get('sample_idx', '-'))} ({len(rec['tokens'])} tokens)</summary></details>")
     return (f"<div class=\"sample\" id=\"row-{k}\" data-sample-idx=\"{esc(rec.get('sample_idx'))}\">"
             f"<div class=\"meta\">{esc(render.row_header(rec))}</div>{tokens}</div>")
 
 
-def completion_placeholder(k: int, low: str = "") -> str:
-    """Where the page's script draws row ``k``'s tokens (``low``: its least likely tokens' positions)."""
+PLACEHOLDER_CHARS_PER_LINE = 100  # about what an 80em-wide page holds in the completion's monospace font
+PLACEHOLDER_EM_PER_LINE = 2.0  # the completion's line height (1.9 x 1.05em)
+
+
+def completion_placeholder(k: int, low: str = "", pieces: list[str] | None = None) -> str:
+    """Where the page's script draws row ``k``'s tokens (``low``: its least likely tokens' positions).
+
+    Its height is estimated from the text (``pieces``) until the tokens are drawn, so the page has about
+    its final length at once: the scroll bar tells where one is, and a link lands where it points.
+    """
     marks = f" data-low=\"{low}\"" if low else ""
-    return f"<div class=\"completion\" data-row=\"{k}\"{marks}></div>"
+    lines = sum(max(1, -(-len(line) // PLACEHOLDER_CHARS_PER_LINE)) for line in "".join(pieces or []).split("\n"))
+    return (f"<div class=\"completion\" data-row=\"{k}\" style=\"min-height:{lines * PLACEHOLDER_EM_PER_LINE:g}em\""
+            f"{marks}></div>")
 
 
 def completion_html(cells: list[render.TokenCell]) -> str:
@@ -310,7 +320,8 @@ def _answers_table(groups: list[tuple[Any, list[dict[str, Any]]]], index: dict[i
         for rec in recs:
             k = index[id(rec)]
             low = ",".join(str(t["position"]) for t in rec.get("least_likely") or [])
-            completion = completion_placeholder(k, low) if "tokens" in rec else esc(rec.get("completion_text") or "")
+            completion = (completion_placeholder(k, low, rec["tokens"]) if "tokens" in rec
+                          else esc(rec.get("completion_text") or ""))
             completion += turns_html(rec)  # multi-turn rollouts (the eval view): one line per turn
             correct = {True: "✓", False: "✗"}.get(rec.get("correct"), "-")
             rows.append(f"<tr data-prompt-id=\"{esc(pid)}\"><td class=\"num\">{esc(pid)}</td>"

@@ -134,6 +134,7 @@ SCRIPT = r"""
       for (const ch of text) if (ch === "\u23ce") frag.appendChild(document.createElement("br"));
     }
     div.replaceChildren(frag);
+    div.removeAttribute("style");  // the estimated height, until now
     div.dataset.drawn = "1";
     return b - a;
   }

@@ -143,6 +143,19 @@ def test_a_whole_iteration_page_stores_tokens_once_and_draws_what_is_in_view(tin
     assert len(details) == 240 and not any(is_open or "<table" in body for is_open, body in details)
 
 
+def test_a_sample_far_down_is_drawn_when_a_link_scrolls_to_it(tiny_view, tmp_path):
+    from rlpipe.reports import html
+
+    page = tmp_path / "long.html"
+    page.write_text(html.inspect_html(long_rows(tiny_view[1], rows=240, tokens=400)))
+    dom = browser.dump_dom(page, fragment="row-200")
+    drawn = {int(k) for k in re.findall(r'<div class="completion" data-row="(\d+)" data-drawn="1">', dom)}
+    # the first screen, drawn at once, and the rows around the link's target: each placeholder has about its
+    # sample's height, so the few samples drawn are those on and near the screen, none far from it
+    assert set(range(15)) <= drawn and 200 in drawn
+    assert not drawn & set(range(15, 190)) and not drawn & set(range(211, 240)), sorted(drawn)
+
+
 def test_an_opened_per_token_table_is_built_from_the_packed_values(tiny_view, tmp_path):
     from rlpipe.reports import html
 
