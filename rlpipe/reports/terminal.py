@@ -115,8 +115,10 @@ def _print_rows(console: Any, data: dict[str, Any]) -> None:
             if "tokens" not in rec:
                 continue
             line = Text("  ")
+            low = {t["position"] for t in rec.get("least_likely") or []}  # underlined, whatever the colour
             for cell in token_cells(rec, column, scale):
-                line.append(cell.text, style=Style(color="black", bgcolor=cell.colour) if cell.colour else "")
+                line.append(cell.text, style=Style(color="black" if cell.colour else None, bgcolor=cell.colour,
+                                                   underline=cell.position in low or None))
             console.print(line, soft_wrap=True)
             print_turns(console, rec)  # multi-turn rollouts: one line per turn (rlpipe/reports/turn_view.py)
 

@@ -296,3 +296,19 @@ def test_with_html_the_terminal_shows_the_first_rows_and_the_look_here_lists(pro
     assert out.count("reward 1.500") + out.count("reward 0.000") == 2  # two row headers, not five
     assert len(re.findall(r'<div class="sample" id="row-\d"', page.read_text())) == 5
     assert "look here: highest-reward wrong answers" in out and "look here: truncated completions" in out
+
+
+def test_the_terminal_underlines_the_least_likely_token(project):
+    import io
+
+    from rich.console import Console
+
+    from rlpipe.reports.inspect import inspect_data
+    from rlpipe.reports.terminal import print_inspect
+
+    console = Console(file=io.StringIO(), width=200, color_system="truecolor", force_terminal=True)
+    print_inspect(console, inspect_data(project, show=6))
+    text = console.file.getvalue()
+    # "88" (row (2, 0)): the second 8, sampled at log-prob -2, is underlined (SGR 4); no other token is
+    underlined = re.findall(r"\x1b\[([0-9;]*)m([^\x1b]*)", text)
+    assert [t for codes, t in underlined if "4" in codes.split(";") and t.strip()] == ["8"]
