@@ -46,7 +46,8 @@ def look_here(frame: pl.DataFrame, *, command: str, limit: int = LOOK_HERE_ROWS)
         if not needed <= set(frame.columns):
             continue
         rows = frame if keep is None else frame.filter(keep)
-        rows = rows.filter(pl.col(column).is_not_null())
+        # NaN and null rank nowhere (a NaN would sort first, and --json prints no NaN)
+        rows = rows.filter(pl.col(column).cast(pl.Float64).is_finite())
         total = rows.height
         top = rows.sort([column, "prompt_id", "sample_idx"], descending=[descending, False, False]).head(limit)
         out[key] = {"title": title, "value": column, "note": note, "total": total,

@@ -291,3 +291,12 @@ def test_look_here_ranks_every_selected_row(project):
     assert [v for _, _, v in pick("log_ratio")] == pytest.approx([0.05] * 5, abs=1e-6)  # new = old + 0.05
     assert lists["longest"]["rows"][0]["command"] == f"rlpipe inspect {project} --prompt-id 0"
     assert lists["truncated"]["rows"][0]["excerpt"] == "88"
+
+
+def test_look_here_leaves_out_values_that_are_not_numbers():
+    from rlpipe.reports.look_here import look_here
+
+    frame = pl.DataFrame({"prompt_id": [0, 1, 2], "sample_idx": [0, 0, 0],
+                          "seq_log_ratio_max": [float("nan"), 0.5, None], "reward": [1.0, 2.0, 3.0]})
+    (row,) = look_here(frame, command="rlpipe inspect p")["log_ratio"]["rows"]
+    assert (row["prompt_id"], row["value"], row["command"]) == (1, 0.5, "rlpipe inspect p --prompt-id 1")
