@@ -260,9 +260,10 @@ def completion_html(cells: list[render.TokenCell]) -> str:
     spans = []
     for cell in cells:
         style = f" style=\"background:{cell.colour}\"" if cell.colour else ""
-        spans.append(f"<span class=\"tok\"{style} title=\"{esc(cell.tooltip())}\">{esc(cell.text)}</span>")
-        # a newline token is drawn as ⏎ and also breaks the line: code and reasoning keep their structure
-        spans.append("<br>" * cell.text.count("⏎"))
+        # a newline is drawn as ⏎ and breaks the line right there, inside the token: a BPE token "\n    "
+        # ends one line and indents the next, so code and reasoning keep their structure
+        text = esc(cell.text).replace("⏎", "⏎<br>")
+        spans.append(f"<span class=\"tok\"{style} title=\"{esc(cell.tooltip())}\">{text}</span>")
     return f"<div class=\"completion\">{''.join(spans)}</div>"
 
 

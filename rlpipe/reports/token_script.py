@@ -128,10 +128,15 @@ SCRIPT = r"""
       if (rank) span.setAttribute("data-low", String(rank));
       if (tokens.environment && tokens.environment[i]) span.setAttribute("data-env", "1");  // an observation
       span.title = tooltip(row, i - a, i, rank);
-      span.textContent = text;
+      // a newline is drawn as ⏎ and breaks the line right there, inside the token: a BPE token "\n    "
+      // ends one line and indents the next, so code and reasoning keep their structure
+      const lines = text.split("\u23ce");
+      if (lines[0]) span.append(lines[0]);
+      for (let j = 1; j < lines.length; j++) {
+        span.append("\u23ce", document.createElement("br"));
+        if (lines[j]) span.append(lines[j]);
+      }
       frag.appendChild(span);
-      // a newline token is drawn as ⏎ and also breaks the line: code and reasoning keep their structure
-      for (const ch of text) if (ch === "\u23ce") frag.appendChild(document.createElement("br"));
     }
     div.replaceChildren(frag);
     div.removeAttribute("style");  // the estimated height, until now

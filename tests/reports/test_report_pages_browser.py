@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlpipe.cli import app
+from rlpipe.reports import render
 from rlpipe.reports.render import NEGATIVE, POSITIVE, _blend
 from tests import browser
 from tests.inspect_project import make_project
@@ -91,7 +92,7 @@ def test_a_long_multi_line_completion_wraps_and_keeps_its_lines(tmp_path):
 # ----------------------------------------------------------------------------------------------
 
 LOW_MARK = (0xD4, 0x00, 0x7A)  # .tok[data-low]'s underline in rlpipe.reports.html's CSS
-CODE = ["def", " score", "(", "rows", "):", "\n", "    ", "total", " =", " 0", "\n", "    ", "for", " r", " in",
+CODE = ["def", " score", "(", "rows", "):", "\n", "    ", "total", " =", " 0", "\n   ", " for", " r", " in",
         " rows", ":", "\n", "        ", "total", " +=", " r", " –", "→", "\n"]  # en dash, arrow: whole characters
 
 
@@ -135,12 +136,31 @@ def test_a_whole_iteration_page_stores_tokens_once_and_draws_what_is_in_view(tin
     drawn = re.findall(r'<div class="completion" data-row="(\d+)" data-drawn="1">(.*?)</div>', dom, re.DOTALL)
     assert 1 <= len(drawn) < 240 and [int(k) for k, _ in drawn] == list(range(len(drawn)))  # in page order
     # sample 0's tokens, each whole (the en dash and the arrow too), newlines breaking lines
-    first = re.findall(r'<span class="tok" style="background:#[0-9a-f]{6}" title="[^"]*">([^<]*)</span>(<br>)?',
-                       drawn[0][1])
-    assert [t for t, _ in first] == [CODE[i % len(CODE)].replace("\n", "⏎") for i in range(400)]
-    assert sum(1 for _, br in first if br) == sum(1 for i in range(400) if CODE[i % len(CODE)] == "\n")
+    first = re.findall(r'<span class="tok" style="background:#[0-9a-f]{6}" title="[^"]*">(.*?)</span>', drawn[0][1])
+    assert [t.replace("⏎<br>", "⏎") for t in first] == [CODE[i % len(CODE)].replace("\n", "⏎") for i in range(400)]
+    assert sum(t.count("<br>") for t in first) == sum(CODE[i % len(CODE)].count("\n") for i in range(400))
     details = re.findall(r'<details class="per-token" data-row="\d+"( open)?>(.*?)</details>', dom, re.DOTALL)
     assert len(details) == 240 and not any(is_open or "<table" in body for is_open, body in details)
+
+
+def test_a_newline_token_with_the_next_line_s_indent_breaks_before_the_indent(tiny_view, tmp_path):
+    """Byte-level BPEs merge a newline with the next line's indentation ("\\n    "): the line breaks at the newline,
+    so the spaces start the next line (they ended the previous one, and code lost its indentation)."""
+    from rlpipe.reports import html
+
+    data = tiny_view[1]
+    rec = {**data["rows"][0], "tokens": ["if x:", "\n    ", "return", "\n"], "token_ids": [1, 2, 3, 4],
+           "per_token": {}, "least_likely": [], "same_completion": []}
+    page = tmp_path / "indent.html"
+    page.write_text(html.inspect_html({**data, "rows": [rec], "color_by": None}))
+    dom = browser.dump_dom(page)
+    drawn = re.search(r'<div class="completion" data-row="0" data-drawn="1">(.*?)</div>', dom, re.DOTALL).group(1)
+    assert re.findall(r'<span class="tok" title="[^"]*">(.*?)</span>', drawn) == ["if x:", "⏎<br>    ", "return",
+                                                                                 "⏎<br>"]
+    # the same in the page drawn without a script (rlpipe.reports.html.completion_html)
+    cells = [render.TokenCell(position=i, text=render.visible(p), token_id=i, colour=None, values={})
+             for i, p in enumerate(rec["tokens"])]
+    assert re.findall(r'<span class="tok" title="[^"]*">(.*?)</span>', html.completion_html(cells))[1] == "⏎<br>    "
 
 
 def test_a_sample_far_down_is_drawn_when_a_link_scrolls_to_it(tiny_view, tmp_path):
