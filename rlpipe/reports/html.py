@@ -342,20 +342,22 @@ def _look_here(summary: dict[str, Any], records: list[dict[str, Any]]) -> str:
     for key, entry in lists.items():
         if not entry["rows"]:
             continue
-        parts.append(f"<h3>{esc(entry['title'])} <span class=\"dim\">({esc(entry['note'])})</span></h3>"
-                     f"<table class=\"look-here\" data-list=\"{esc(key)}\"><tr><th class=\"num\">prompt</th>"
-                     f"<th class=\"num\">sample</th><th class=\"num\">{esc(entry['value'])}</th>"
-                     "<th class=\"num\">reward</th><th class=\"num\">tokens</th><th>completion starts</th>"
-                     "<th>see it</th></tr>")
+        # the ranked value, unless it is the reward or the length, which have their own columns
+        ranked = entry["value"] not in ("reward", "completion_length")
+        value_head = f"<th class=\"num\">{esc(entry['value'])}</th>" if ranked else ""
+        parts.append(f"<h3>{esc(entry['title'])} <span class=\"dim\">({esc(entry['note'])}; {entry['total']} "
+                     f"rows)</span></h3><table class=\"look-here\" data-list=\"{esc(key)}\"><tr><th class=\"num\">"
+                     f"prompt</th><th class=\"num\">sample</th>{value_head}<th class=\"num\">reward</th>"
+                     "<th class=\"num\">tokens</th><th>completion starts</th><th>see it</th></tr>")
         for row in entry["rows"]:
             k = shown.get((row["prompt_id"], row["sample_idx"]))
             where = (f"<a href=\"#row-{k}\">on this page</a>" if k is not None
                      else f"<code>{esc(row['command'])}</code>")
+            value = f"<td class=\"num\">{esc(fmt(row['value']))}</td>" if ranked else ""
             parts.append(f"<tr><td class=\"num\">{esc(row['prompt_id'])}</td><td class=\"num\">"
-                         f"{esc(row['sample_idx'])}</td><td class=\"num\">{esc(fmt(row['value']))}</td>"
-                         f"<td class=\"num\">{esc(fmt(row['reward']))}</td><td class=\"num\">"
-                         f"{esc(fmt(row['length']))}</td><td><code>{esc(row['excerpt'])}</code></td>"
-                         f"<td>{where}</td></tr>")
+                         f"{esc(row['sample_idx'])}</td>{value}<td class=\"num\">{esc(fmt(row['reward']))}</td>"
+                         f"<td class=\"num\">{esc(fmt(row['length']))}</td><td><code>{esc(row['excerpt'])}</code>"
+                         f"</td><td>{where}</td></tr>")
         parts.append("</table>")
     return "\n".join(parts)
 
