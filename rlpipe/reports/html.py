@@ -43,7 +43,7 @@ table.columns td { font-family: ui-monospace, monospace; font-size: 0.95em; }
 .ghead { font-weight: bold; color: #7a1f7a; }
 .prompt { font-family: ui-monospace, monospace; white-space: pre-wrap; background: #f6f6f6; padding: 4px;
           margin: 4px 0; }
-.sample { margin-top: 0.6em; }
+.sample { margin-top: 0.6em; content-visibility: auto; }
 .meta { font-size: 0.95em; }
 .completion { font-family: ui-monospace, monospace; font-size: 1.05em; line-height: 1.9; }
 .tok { white-space: pre-wrap; overflow-wrap: anywhere; color: #000; padding: 1px 0;
@@ -234,12 +234,16 @@ def _sample(rec: dict[str, Any], k: int) -> str:
         tokens = (f"{completion_placeholder(k, low, rec['tokens'])}{turns_html(rec)}"
                   f"<details class=\"per-token\" data-row=\"{k}\"><summary>per-token values of "
                   f"#{esc(rec.get('sample_idx', '-'))} ({len(rec['tokens'])} tokens)</summary></details>")
-    return (f"<div class=\"sample\" id=\"row-{k}\" data-sample-idx=\"{esc(rec.get('sample_idx'))}\">"
-            f"<div class=\"meta\">{esc(render.row_header(rec))}</div>{tokens}</div>")
+    # laid out only near the screen (CSS content-visibility), meanwhile about as tall as it will be
+    height = _text_height(rec.get("tokens")) + SAMPLE_EM_BESIDE_TEXT
+    return (f"<div class=\"sample\" id=\"row-{k}\" data-sample-idx=\"{esc(rec.get('sample_idx'))}\" "
+            f"style=\"contain-intrinsic-size:auto {height:g}em\"><div class=\"meta\">{esc(render.row_header(rec))}"
+            f"</div>{tokens}</div>")
 
 
 PLACEHOLDER_CHARS_PER_LINE = 100  # about what an 80em-wide page holds in the completion's monospace font
 PLACEHOLDER_EM_PER_LINE = 2.0  # the completion's line height (1.9 x 1.05em)
+SAMPLE_EM_BESIDE_TEXT = 3.5  # a sample's header line, its per-token table's line and its margin
 
 
 def completion_placeholder(k: int, low: str = "", pieces: list[str] | None = None) -> str:
@@ -249,9 +253,14 @@ def completion_placeholder(k: int, low: str = "", pieces: list[str] | None = Non
     its final length at once: the scroll bar tells where one is, and a link lands where it points.
     """
     marks = f" data-low=\"{low}\"" if low else ""
-    lines = sum(max(1, -(-len(line) // PLACEHOLDER_CHARS_PER_LINE)) for line in "".join(pieces or []).split("\n"))
-    return (f"<div class=\"completion\" data-row=\"{k}\" style=\"min-height:{lines * PLACEHOLDER_EM_PER_LINE:g}em\""
+    return (f"<div class=\"completion\" data-row=\"{k}\" style=\"min-height:{_text_height(pieces):g}em\""
             f"{marks}></div>")
+
+
+def _text_height(pieces: list[str] | None) -> float:
+    """About how many em a completion's text takes on the page: its lines, each wrapped."""
+    lines = sum(max(1, -(-len(line) // PLACEHOLDER_CHARS_PER_LINE)) for line in "".join(pieces or []).split("\n"))
+    return lines * PLACEHOLDER_EM_PER_LINE
 
 
 def completion_html(cells: list[render.TokenCell]) -> str:
