@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 
 import pytest
 import yaml
 
 from rlpipe.data.io import read_json
+from rlpipe.reports.packed import unpack
 from tests.e2e.conftest import run
 from tests.test_docs import doc_test_blocks
 
@@ -46,8 +46,9 @@ def test_inspect_agrees_with_the_stage_metrics(reproduced, tmp_path):
     assert "colour = token_advantages" in out
     shown = json.loads(run(["rlpipe", "inspect", ".", "--sort", "reward", "--desc", "--show", "5", "--json"],
                            reproduced).stdout)["rows"]
-    spans = re.findall(r'<span class="tok" style="background:#[0-9a-f]{6}"', page.read_text())
-    assert len(spans) == sum(r["completion_length"] for r in shown)
+    tokens = unpack(page.read_text())  # each token stored once, packed; the page's script draws the spans
+    assert tokens["offsets"][-1] == len(tokens["pieces"]) == sum(r["completion_length"] for r in shown)
+    assert tokens["columns"][0] == "token_advantages"  # the colouring column
     assert shown[0]["prompt"] in page.read_text()
 
 
