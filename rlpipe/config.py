@@ -115,6 +115,8 @@ class VLLMConfig:
     enable_prefix_caching: bool  # reuse the KV cache of shared prompt prefixes
     enforce_eager: bool  # no CUDA graphs / torch.compile: starts faster, decodes slower
     max_model_len: int | None  # context vLLM plans for; null = the model's max_position_embeddings
+    # engines sharing each GPU (group): a small model's decoding is bound by one engine's host-side step
+    engines_per_gpu: int = 1
 
 
 @dataclass(frozen=True)
@@ -601,8 +603,8 @@ def _generate_rules(params: Params, need: Need) -> None:
     need(g.temperature > 0, "generate.temperature must be > 0 (log-probs are taken from logits / temperature)")
     need(0 < g.top_p <= 1, "generate.top_p must be in (0, 1]")
     need(g.max_new_tokens >= 1, "generate.max_new_tokens must be >= 1")
-    need(g.vllm.tensor_parallel_size >= 1 and g.vllm.data_parallel_size >= 1,
-         "generate.vllm.tensor_parallel_size and generate.vllm.data_parallel_size must be >= 1")
+    need(min(g.vllm.tensor_parallel_size, g.vllm.data_parallel_size, g.vllm.engines_per_gpu) >= 1,
+         "generate.vllm.tensor_parallel_size, .data_parallel_size and .engines_per_gpu must be >= 1")
     need(0 < g.vllm.gpu_memory_utilization <= 1, "generate.vllm.gpu_memory_utilization must be in (0, 1]")
     need(g.vllm.max_model_len is None or g.vllm.max_model_len >= 1, "generate.vllm.max_model_len must be >= 1 or null")
     e = g.environment

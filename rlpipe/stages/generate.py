@@ -143,6 +143,7 @@ def build_engine(engine: str, *, device: str, dtype: str, batch_size: int, vllm:
         raise ConfigError(f"{section}.engine: {e}") from None
     built = VLLMEngine(base, dtype=dtype, eos_token_ids=eos_token_ids,
                        tensor_parallel_size=vllm.tensor_parallel_size, data_parallel_size=vllm.data_parallel_size,
+                       engines_per_gpu=vllm.engines_per_gpu,
                        gpu_memory_utilization=vllm.gpu_memory_utilization,
                        enable_prefix_caching=vllm.enable_prefix_caching, enforce_eager=vllm.enforce_eager,
                        max_model_len=vllm.max_model_len, max_lora_rank=rank)
