@@ -459,6 +459,43 @@ def diff(
           as_json=as_json)
 
 
+@app.command()
+def view(
+    target: str = typer.Argument(".", help="a project directory (artifacts found through its params.yaml) or one "
+                                           "artifact .parquet file"),
+    rev: Optional[str] = typer.Option(None, "--rev", help="serve the iteration at this git revision (a tag such as "
+                                                          "iteration-3, or just 3), read through DVC's cache"),
+    eval_view: bool = typer.Option(False, "--eval", help="the evaluate stage's held-out rollouts instead"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (the default: this machine only; "
+                                                         "rows may be private)"),
+    port: int = typer.Option(8765, "--port", min=0, max=65535, help="port to listen on (0: any free one)"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="model directory or tokenizer.json to decode "
+                                                                      "tokens with (default: the policy's)"),
+    open_browser: bool = typer.Option(False, "--open", help="also open the page in this machine's browser"),
+) -> None:
+    """Browse an iteration's rollouts in a local page: page, sort, --where, search, token views, a prompt across
+    iterations. Needs the `view` extra (pip install 'rlpipe[view]')."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        _fail(RlpipeError(f"rlpipe view needs the `view` extra ({e.name} is not installed): "
+                          "pip install 'rlpipe[view]'"))
+    from rlpipe.reports.serve import serve
+
+    def ready(url: str) -> None:
+        if open_browser:
+            import webbrowser
+
+            webbrowser.open(url)
+
+    try:
+        serve(target, rev=rev, eval_view=eval_view, host=host, port=port, tokenizer=tokenizer,
+              echo=lambda line: typer.echo(line, err=line.endswith("stopped")), on_ready=ready)
+    except RlpipeError as e:
+        _fail(e)
+
+
 plots_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="`dvc plots` with no network: the Vega libraries in the page, or static SVG/PNG charts.")
 app.add_typer(plots_app, name="plots")
