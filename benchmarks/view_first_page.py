@@ -1,7 +1,7 @@
 """`rlpipe view` at scale: how long the first page of a 65,536-rollout x 1,000-token iteration takes.
 
     python benchmarks/view_first_page.py build DIR [--rows 65536] [--tokens 1000]   # ~2.5 GB of Parquet
-    python benchmarks/view_first_page.py run DIR [--out benchmarks/results/view-DATE.json]
+    python benchmarks/view_first_page.py run DIR [--cold] [--out benchmarks/results/view_first_page.jsonl]
 
 ``build`` writes a whole train iteration with rlpipe's own writer, 4,096 rows per part
 (`write_artifact_parts`, as train and advantage write theirs): rollouts (16 samples per prompt, 128 prompt
@@ -12,6 +12,7 @@ token_stats and the prompt table, and a params.yaml naming them.
 ``run`` starts ``rlpipe view DIR --port 0`` as a user would, in a fresh process, and times: the process
 start until the server listens; then the page (``/``, its script) and the first page of rows (``/api/rows``)
 as the browser fetches them; then a sort, a --where, a text search and one sample's token view.
+``--cold`` first drops these files from the OS page cache (``posix_fadvise``), so every read is a disk read.
 """
 from __future__ import annotations
 
@@ -138,9 +139,23 @@ def timed_get(url: str) -> tuple[float, bytes]:
     return time.perf_counter() - started, body
 
 
+def evict(data: Path) -> None:
+    """Drop the tables' pages from the OS page cache (these files only), so the reads come from disk."""
+    for f in (data / "data").glob("*.parquet"):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 @app.command()
-def run(data: Path, out: Path = typer.Option(None, help="write the numbers here as JSON")) -> None:
+def run(data: Path, out: Path = typer.Option(None, help="write the numbers here as JSON"),
+        cold: bool = typer.Option(False, help="evict the tables from the page cache first (reads from disk)")) -> None:
     """Start `rlpipe view DATA` and time its start, its first page and a few queries after it."""
+    if cold:
+        evict(data)
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "rlpipe.cli", "view", str(data), "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -171,12 +186,13 @@ def run(data: Path, out: Path = typer.Option(None, help="write the numbers here 
     result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
               "commit": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
                                        check=False, capture_output=True, text=True).stdout.strip(),
-              "rows": shape.item(0, 0), "tokens": shape.item(0, 1),
+              "rows": shape.item(0, 0), "tokens": shape.item(0, 1), "page_cache": "evicted" if cold else "warm",
               "bytes": sum(f.stat().st_size for f in (data / "data").glob("*.parquet")),
               **{k: round(v, 3) for k, v in numbers.items()}}
     print(json.dumps(result, indent=1))
     if out:
-        out.write_text(json.dumps(result) + "\n")
+        with out.open("a") as f:
+            f.write(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":
