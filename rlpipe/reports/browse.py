@@ -13,6 +13,7 @@ key of every file would cost the first page its second.
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from rlpipe.data.exprs import (
 )
 from rlpipe.data.io import count_rows, read_metadata
 from rlpipe.data.schema import get_schema
-from rlpipe.errors import ArtifactError
+from rlpipe.errors import ArtifactError, RlpipeError
 from rlpipe.reports import sources
 from rlpipe.reports.inspect import (
     EVAL_ROLES,
@@ -123,14 +124,26 @@ def open_iteration(target: str | Path, *, rev: str | None = None, eval_view: boo
                      files=files, root=path, rev=rev, model_dirs=model_dirs, missing=missing, metadata=metadata)
 
 
+@functools.lru_cache(maxsize=8)
+def dvc_cache_dir(root: Path) -> Path:
+    """The project's DVC cache (`dvc cache dir`: it may be configured elsewhere, e.g. a shared disk)."""
+    from rlpipe.run.gc import cache_dir
+
+    try:
+        return cache_dir(root)
+    except (RlpipeError, OSError):  # no dvc executable, or not a DVC project: the default place
+        return root / ".dvc" / "cache"
+
+
 def artifact_file_at(root: Path, rev: str, rel: str, workdir: Path | None) -> Path | None:
     """The Parquet file of ``rel`` at ``rev``: the local DVC cache's object itself when it is there (nothing
-    copied, so a 2 GB table opens as fast as the workspace's), else the bytes read through DVC into ``workdir``."""
+    copied, so a 2 GB table opens as fast as the workspace's), else the bytes read through DVC into ``workdir``
+    (a file committed to git, or one only in a DVC remote)."""
     from rlpipe.run.gc import object_path, revision_outs
 
     md5 = dict(revision_outs(root, rev)).get(rel)
     if md5:
-        cached = object_path(root / ".dvc" / "cache", md5)
+        cached = object_path(dvc_cache_dir(root), md5)
         if cached.is_file():
             return cached
     if workdir is None:

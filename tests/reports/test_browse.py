@@ -21,12 +21,12 @@ from rlpipe.errors import ArtifactError
 from rlpipe.reports import browse
 from rlpipe.reports.inspect import inspect_data
 from tests.inspect_project import PATHS
-from tests.reports.view_project import PROMPT_1_SAMPLE_1, make_tagged_project
+from tests.reports.view_project import PROMPT_1_SAMPLE_1
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return make_tagged_project(tmp_path_factory.mktemp("browse") / "p")
+def root(tagged_project):
+    return tagged_project
 
 
 @pytest.fixture(scope="module")
@@ -148,10 +148,10 @@ def test_one_sample_with_its_token_lists(it):
         browse.sample_row(it, 1, 7)
 
 
-def test_one_prompt_across_tagged_iterations(root, it):
+def test_one_prompt_across_tagged_iterations(root, it, tmp_path):
     assert browse.iteration_revisions(root) == ["iteration-0", "iteration-1"]
     assert browse.workspace_is_new(root)  # scores changed since iteration-1
-    opened = [(tag, browse.open_iteration(root, rev=tag, workdir=root.parent / "work"))
+    opened = [(tag, browse.open_iteration(root, rev=tag, workdir=tmp_path / "work"))
               for tag in browse.iteration_revisions(root)] + [("workspace", it), ("gone", "iteration-7: not found")]
     history = browse.prompt_history(opened, 1)
     assert [h["iteration"] for h in history] == ["iteration-0", "iteration-1", "workspace", "gone"]
@@ -168,11 +168,14 @@ def test_one_prompt_across_tagged_iterations(root, it):
     assert absent["rows"] == [] and absent["note"] == "prompt 9 was not sampled in this iteration"
 
 
-def test_a_revision_is_read_as_it_was(root):
-    old = browse.open_iteration(root, rev="0", workdir=root.parent / "work0")  # "0" = iteration-0
+def test_a_revision_is_read_as_it_was(root, tmp_path):
+    old = browse.open_iteration(root, rev="0", workdir=tmp_path / "work0")  # "0" = iteration-0
     assert old.label.endswith("@iteration-0") and old.rev == "iteration-0"
     assert browse.page(old, browse.Query(offset=3, limit=1))["rows"][0]["reward"] == 0.0
     assert str(old.files["scores"]).endswith(f"iteration-0/{PATHS['scores']}")  # read out of git by DVC
+    cached = old.files["token_stats"]  # the cache's object itself, nothing copied
+    assert cached.parent.parent == root / ".dvc" / "cache" / "files" / "md5"
+    assert cached.read_bytes() == (root / PATHS["token_stats"]).read_bytes()
 
 
 def test_bad_targets_are_named(tmp_path, root):

@@ -24,15 +24,14 @@ from rlpipe.reports import html
 from rlpipe.reports.render import NEGATIVE, _blend
 from rlpipe.reports.serve import bind, make_app, open_viewer
 from tests import browser
-from tests.reports.view_project import make_tagged_project
 
 runner = CliRunner()
 OPEN_ROW = (0xFF, 0xF4, 0xD6)  # tr.open in rlpipe/reports/assets/view.css
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    return make_tagged_project(tmp_path_factory.mktemp("view") / "p")
+def root(tagged_project):
+    return tagged_project
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@
     iteration-1   scores rewritten: prompt 1's second sample now 1.0
     workspace     scores rewritten again, not committed: 0.5
 
-The artifacts are committed to git (no `dvc add`), so other iterations are read through `dvc.api.read`.
+token_stats is tracked by DVC (`dvc add`, as a stage's output is): a tag's copy is the object in DVC's cache.
+The other artifacts are committed to git, so a tag's copy is read out of git through `dvc.api.read`.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def make_tagged_project(root: Path) -> Path:
 
     run("git", "init", "-q")
     run(sys.executable, "-m", "dvc", "init", "-q")
+    run(sys.executable, "-m", "dvc", "add", "-q", PATHS["token_stats"])  # the same in both tags: in DVC's cache
     for tag in ("iteration-0", "iteration-1"):
         set_reward(root, PROMPT_1_SAMPLE_1[tag])
         run("git", "add", "-A")
