@@ -41,10 +41,11 @@ from rlpipe.reports.inspect import (
 )
 
 PREVIEW_CHARS = 240  # of each text column in the table; the token view shows the whole text
+SEARCH_CONTEXT = 80  # characters shown before a search hit
 MAX_PAGE = 500
 # Shown first when present, in this order; every other scalar column follows in the tables' order.
-LEADING = ("prompt_id", "sample_idx", "reward", "correct", "advantage", "completion_length", "finish_reason",
-           "truncated", "prompt", "answer", "completion_text")
+LEADING = ("prompt_id", "sample_idx", "reward", "correct", "advantage", "completion_text", "completion_length",
+           "finish_reason", "truncated", "prompt", "answer")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Iteration:
     model_dirs: list[Path] = field(default_factory=list)
     missing: dict[str, str] = field(default_factory=dict)  # role -> path that does not exist
     metadata: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> footer
+    keys: tuple[str, ...] = KEYS  # of the base table: a single prompts file has prompt_id alone
 
 
 @dataclass(frozen=True)
@@ -89,10 +91,11 @@ def open_iteration(target: str | Path, *, rev: str | None = None, eval_view: boo
             raise ArtifactError(f"--rev {rev}: give the project directory, not a file ({path})")
         meta = read_metadata(path)
         try:
-            kind = get_schema(str(meta.get("artifact"))).name
+            schema = get_schema(str(meta.get("artifact")))
         except KeyError:
             raise ArtifactError(f"{path}: footer names unknown artifact {meta.get('artifact')!r}") from None
-        return Iteration(label=str(path), view=kind, base=kind, files={kind: path}, metadata={kind: meta})
+        return Iteration(label=str(path), view=schema.name, base=schema.name, files={schema.name: path},
+                         metadata={schema.name: meta}, keys=tuple(schema.keys))
     if rev is not None:
         rev = sources.resolve_revision(path, rev, or_directory=False)
     paths = sources.project_paths(sources.read_params(path, rev))
@@ -262,21 +265,31 @@ def page(it: Iteration, query: Query) -> dict[str, Any]:
     total = count_rows(it.files[it.base])
     unfiltered = not (query.where or query.search)
     matched = total if unfiltered else int(_collect(rows.select(pl.len()), query).item())
-    keys = _collect(rows.select(KEYS).slice(query.offset, query.limit), query).with_row_index("_order")
+    keys = _collect(rows.select(it.keys).slice(query.offset, query.limit), query).with_row_index("_order")
     columns = table_columns(it)
-    shown = _page_rows(it, keys, columns)
+    shown = _page_rows(it, keys, columns, search=query.search)
     return {"columns": columns, "rows": shown, "matched": matched, "total": total, "offset": query.offset,
             "limit": query.limit}
 
 
-def _page_rows(it: Iteration, keys: pl.DataFrame, columns: dict[str, str]) -> list[dict[str, Any]]:
+def _page_rows(it: Iteration, keys: pl.DataFrame, columns: dict[str, str], *,
+               search: str | None) -> list[dict[str, Any]]:
+    """The shown columns of the page's rows, text cut to PREVIEW_CHARS: from the start, or, when searching,
+    from SEARCH_CONTEXT characters before the first hit (``completion_text_from`` says where)."""
     if keys.height == 0:
         return []
     frame = scan(it, prompt_ids=keys["prompt_id"].unique().to_list())
     texts = [c for c, t in columns.items() if t == "String"]
-    exprs = [pl.col(c).str.slice(0, PREVIEW_CHARS) if c in texts else pl.col(c) for c in columns]
+    start = {c: pl.lit(0) for c in texts}
+    if search and "completion_text" in texts:
+        prefix = pl.col("completion_text").str.extract(f"(?is)^(.*?){re.escape(search)}", 1)
+        before = prefix.str.len_chars().cast(pl.Int64)  # characters, not bytes (str.find counts bytes)
+        start["completion_text"] = (before - SEARCH_CONTEXT).clip(lower_bound=0).fill_null(0)
+    exprs = [pl.col(c).str.slice(start[c], PREVIEW_CHARS) if c in texts else pl.col(c) for c in columns]
     exprs += [pl.col(c).str.len_chars().alias(f"{c}_chars") for c in texts]
-    rows = frame.select(exprs).join(keys.lazy(), on=list(KEYS), how="inner").sort("_order").drop("_order").collect()
+    if search and "completion_text" in texts:
+        exprs.append(start["completion_text"].alias("completion_text_from"))
+    rows = frame.select(exprs).join(keys.lazy(), on=list(it.keys), how="inner").sort("_order").drop("_order").collect()
     return [{k: json_value(v) for k, v in r.items()} for r in rows.iter_rows(named=True)]
 
 
@@ -291,6 +304,8 @@ def json_value(v: Any) -> Any:
 
 def sample_row(it: Iteration, prompt_id: int, sample_idx: int) -> pl.DataFrame:
     """One sample with every column (token lists too): what its token view draws; LookupError if absent."""
+    if "sample_idx" not in it.keys:
+        raise ArtifactError(f"{it.label}: a {it.base} table has no samples to draw")
     row = scan(it, prompt_ids=[prompt_id]).filter(pl.col("sample_idx") == sample_idx).collect()
     if row.height == 0:
         raise LookupError(f"no sample (prompt_id {prompt_id}, sample_idx {sample_idx}) in {it.label}")

@@ -112,17 +112,24 @@ def test_search_is_literal_and_ignores_case(it):
     assert browse.page(it, browse.Query(search="+"))["matched"] == 0  # a regex character, searched as text
 
 
-def test_search_ignores_case(tmp_path):
+def test_search_ignores_case_and_shows_the_text_around_the_hit(tmp_path):
     from tests.inspect_project import make_project
 
     root = make_project(tmp_path / "p", with_tokenizer=False)
     file = root / PATHS["rollouts"]
     table = pq.read_table(file)
-    texts = pa.array(["Two", "two", "five", "FOUR", "eighty", "eight"], type=table.schema.field("completion_text").type)
+    long = "x" * 300 + "Needle" + "y" * 300
+    texts = pa.array(["Two", "two", "five", "FOUR", long, "eight"], type=table.schema.field("completion_text").type)
     pq.write_table(table.set_column(table.schema.get_field_index("completion_text"), "completion_text", texts), file)
     it = browse.open_iteration(root)
     assert keys(browse.page(it, browse.Query(search="tWo"))) == [(0, 0), (0, 1)]
     assert keys(browse.page(it, browse.Query(search="four"))) == [(1, 1)]
+    # the preview starts 80 characters before the hit (at 300), so the hit is in it
+    hit = browse.page(it, browse.Query(search="needle"))["rows"]
+    assert [(r["completion_text_from"], r["completion_text_chars"]) for r in hit] == [(220, 606)]
+    assert hit[0]["completion_text"] == long[220:460] and "Needle" in hit[0]["completion_text"]
+    first = browse.page(it, browse.Query(search="x"))["rows"][0]  # a hit at 0: from the start
+    assert first["completion_text_from"] == 0 and first["completion_text"] == long[:240]
 
 
 def test_a_column_only_this_table_has_is_shown_and_filtered(tmp_path):
@@ -190,3 +197,8 @@ def test_bad_targets_are_named(tmp_path, root):
     one = browse.open_iteration(root / PATHS["scores"])  # one artifact alone
     assert (one.base, one.view) == ("scores", "scores")
     assert keys(browse.page(one, browse.Query(sort="reward", limit=2))) == [(2, 0), (1, 1)]
+    prompts = browse.open_iteration(root / PATHS["train_prompts"])  # keyed by prompt_id alone
+    assert [r["prompt"] for r in browse.page(prompts, browse.Query(sort="prompt_id", descending=True))["rows"]] == [
+        "4+4=", "2+3=", "1+1="]
+    with pytest.raises(ArtifactError, match="a prompts table has no samples to draw"):
+        browse.sample_row(prompts, 0, 0)

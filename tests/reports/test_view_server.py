@@ -136,7 +136,7 @@ def test_the_page_draws_rows_and_a_token_view_in_chromium(url, tmp_path):
     assert browser.near(shot, red, tol=2) > 150  # the two tokens, drawn in the token view's red
     assert browser.near(shot, OPEN_ROW, tol=2) > 2000  # the opened row of the table, highlighted
     # prompt 1's rewards in iteration-0, -1 and the workspace, as floats with fixed decimals
-    assert re.findall(r'<td class="num">(\d\.\d+)</td><td class="bool-(?:true|false)">',
+    assert re.findall(r'<td data-column="reward" class="num">(\d\.\d+)</td><td data-column="correct" class="bool-(?:true|false)">',
                       dom.split('id="history"')[1]) == [
         "1.5000", "0.0000", "1.5000", "1.0000", "1.5000", "0.5000"]
 
@@ -191,3 +191,10 @@ def test_a_wheel_carries_every_asset():
     assert all(any(fnmatch.fnmatch(f"assets/{name}", g) for g in globs) for name in files)
     extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert {"starlette>=0.37", "uvicorn>=0.29"} <= set(extras["view"]) & set(extras["dev"])
+
+
+def test_search_hits_are_marked_in_the_table(url):
+    dom = browser.dump_dom(url + "#search=8")
+    assert "rows 1–2 of 2 matched (6 in all)" in dom, dom[-2000:]
+    cells = re.findall(r'<td data-column="completion_text" class="text"><div class="clip">(.*?)</div>', dom)
+    assert cells == ["<mark>8</mark><mark>8</mark>", "<mark>8</mark>"]  # "88" and "8"

@@ -37,8 +37,25 @@ function showError(error) {
   $("error").textContent = error ? "error: " + error.message : "";
 }
 
-function cell(name, value, dtype, chars) {
+// The text with each case-insensitive occurrence of the search words in a <mark>.
+function highlighted(text, words) {
+  const out = document.createDocumentFragment();
+  const parts = words ? text.split(new RegExp("(" + words.replace(/[.*+?^${}()|[\]\\]/g, "\\$&") + ")", "gi")) : [text];
+  parts.forEach((part, i) => {
+    if (i % 2) {
+      const mark = document.createElement("mark");
+      mark.textContent = part;
+      out.appendChild(mark);
+    } else {
+      out.appendChild(document.createTextNode(part));
+    }
+  });
+  return out;
+}
+
+function cell(name, value, dtype, chars, from) {
   const td = document.createElement("td");
+  td.dataset.column = name;
   if (value === null || value === undefined) {
     td.textContent = "-";
     td.className = "dim";
@@ -49,12 +66,17 @@ function cell(name, value, dtype, chars) {
     td.textContent = value ? "true" : "false";
     if (name === "correct") td.className = "bool-" + value; // green/red only where true is the good side
   } else if (dtype === "String") {
-    td.textContent = value;
+    // a few lines of the text (the token view has all of it), and its full length when it was cut
+    const clip = document.createElement("div");
+    clip.className = "clip";
+    if (from > 0) clip.appendChild(document.createTextNode("… ")); // the text around the search hit
+    clip.appendChild(highlighted(value, name === "completion_text" ? state.search : ""));
     td.className = "text";
-    if (chars > value.length) {
-      const more = document.createElement("span");
+    td.appendChild(clip);
+    if (chars > value.length || from > 0) {
+      const more = document.createElement("div");
       more.className = "more";
-      more.textContent = ` … (${chars} characters)`;
+      more.textContent = `… ${chars} characters`;
       td.appendChild(more);
     }
   } else {
@@ -88,7 +110,7 @@ function drawTable(page) {
     tr.dataset.promptId = row.prompt_id;
     tr.dataset.sampleIdx = row.sample_idx;
     if (state.sample === `${row.prompt_id}:${row.sample_idx}`) tr.className = "open";
-    for (const [name, dtype] of columns) tr.appendChild(cell(name, row[name], dtype, row[name + "_chars"]));
+    for (const [name, dtype] of columns) tr.appendChild(cell(name, row[name], dtype, row[name + "_chars"], row[name + "_from"] || 0));
     tr.onclick = () => openSample(row.prompt_id, row.sample_idx);
     return tr;
   }));
@@ -159,7 +181,7 @@ function historyTable(entry, current) {
   table.appendChild(head);
   for (const row of entry.rows) {
     const tr = document.createElement("tr");
-    for (const name of names) tr.appendChild(cell(name, row[name], entry.columns[name], 0));
+    for (const name of names) tr.appendChild(cell(name, row[name], entry.columns[name], 0, 0));
     table.appendChild(tr);
   }
   wrap.appendChild(table);
