@@ -202,3 +202,23 @@ def test_bad_targets_are_named(tmp_path, root):
         "4+4=", "2+3=", "1+1="]
     with pytest.raises(ArtifactError, match="a prompts table has no samples to draw"):
         browse.sample_row(prompts, 0, 0)
+
+
+def test_eval_view_and_stale_tables_are_said(tmp_path):
+    from rlpipe.data.io import read_artifact, write_artifact
+    from rlpipe.data.schema import SCORES
+    from tests.inspect_project import make_project
+
+    root = make_project(tmp_path / "p", with_tokenizer=False)
+    held_out = browse.open_iteration(root, eval_view=True)
+    assert (held_out.view, list(held_out.files)) == ("eval", ["eval_rollouts", "prompts"])
+    page = browse.page(held_out, browse.Query(where="NOT correct"))
+    assert [(r["prompt_id"], r["prompt"], r["completion_text"]) for r in page["rows"]] == [(1, "2+2=", "0"),
+                                                                                          (2, "3+3=", "0")]
+    assert browse.iteration_warnings(held_out) == []
+    scores = read_artifact(root / PATHS["scores"], SCORES)
+    write_artifact(scores.frame, root / PATHS["scores"], SCORES, metadata={"policy_version": 3})
+    (root / PATHS["token_stats"]).unlink()
+    assert browse.iteration_warnings(browse.open_iteration(root)) == [
+        f"token_stats: not found ({root / PATHS['token_stats']})",
+        f"scores ({root / PATHS['scores']}) is for policy version 3 but rollouts is for 0: stale? run `dvc repro`"]

@@ -198,3 +198,10 @@ def test_search_hits_are_marked_in_the_table(url):
     assert "rows 1–2 of 2 matched (6 in all)" in dom, dom[-2000:]
     cells = re.findall(r'<td data-column="completion_text" class="text"><div class="clip">(.*?)</div>', dom)
     assert cells == ["<mark>8</mark><mark>8</mark>", "<mark>8</mark>"]  # "88" and "8"
+
+
+def test_without_the_view_extra_the_command_says_what_to_install(root, monkeypatch):
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if not installed: importing it fails
+    result = runner.invoke(app, ["view", str(root)])
+    assert result.exit_code == 2 and "rlpipe view needs the `view` extra (uvicorn is not installed): pip install " \
+                                      "'rlpipe[view]'" in result.output, result.output
