@@ -178,6 +178,7 @@ def run(data: Path, out: Path = typer.Option(None, help="write the numbers here 
         for name, query in {"sort_reward_s": "sort=reward&desc=true", "where_s": "where=advantage%20%3E%200",
                             "search_s": "search=therefore%20carry", "last_page_s": f"offset={rows['total'] - 50}"}.items():
             numbers[name] = timed_get(f"{url}api/rows?limit=50&{query}")[0]
+        numbers["sort_seq_logprob_s"] = timed_get(f"{url}api/rows?limit=50&sort=seq_logprob")[0]  # reads a list
         numbers["token_view_s"] = timed_get(url + "api/sample?prompt_id=2000&sample_idx=3")[0]
     finally:
         proc.terminate()
