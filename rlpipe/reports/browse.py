@@ -29,7 +29,7 @@ from rlpipe.data.exprs import (
     sort_frame,
 )
 from rlpipe.data.io import count_rows, read_metadata
-from rlpipe.data.schema import get_schema
+from rlpipe.data.schema import SCHEMA_VERSION, get_schema
 from rlpipe.errors import ArtifactError, RlpipeError
 from rlpipe.reports import sources
 from rlpipe.reports.inspect import (
@@ -94,8 +94,11 @@ def open_iteration(target: str | Path, *, rev: str | None = None, eval_view: boo
             schema = get_schema(str(meta.get("artifact")))
         except KeyError:
             raise ArtifactError(f"{path}: footer names unknown artifact {meta.get('artifact')!r}") from None
+        checked_footer(path, schema.name)
+        project = next((d for d in path.resolve().parents if (d / "params.yaml").is_file()), None)
         return Iteration(label=str(path), view=schema.name, base=schema.name, files={schema.name: path},
-                         metadata={schema.name: meta}, keys=tuple(schema.keys))
+                         metadata={schema.name: meta}, keys=tuple(schema.keys),
+                         model_dirs=project_model_dirs(project) if project else [])
     if rev is not None:
         rev = sources.resolve_revision(path, rev, or_directory=False)
     paths = sources.project_paths(sources.read_params(path, rev))
@@ -109,22 +112,36 @@ def open_iteration(target: str | Path, *, rev: str | None = None, eval_view: boo
         if file is None or not file.is_file():
             missing[role] = str(file or f"{rev}:{rel}")
             continue
-        meta = read_metadata(file)
-        if meta.get("artifact") != schema.name:
-            raise ArtifactError(f"{file}: holds artifact {meta.get('artifact')!r}, expected {schema.name!r}")
-        files[role], metadata[role] = file, meta
+        files[role], metadata[role] = file, checked_footer(file, schema.name)
     base = roles[0][0]
     if base not in files:
         where = f" at revision {rev}" if rev else ""
         raise ArtifactError(f"{missing.get(base, base)}: not found{where}; run `dvc repro` (or `dvc checkout`, "
                             "`dvc fetch`) first")
-    try:  # the workspace's tokenizer: a project's tokenizer does not change between iterations
-        workspace = read_project_paths(path)
-        model_dirs = [path / workspace[k] for k in ("policy", "model_dir", "checkpoint") if workspace.get(k)]
-    except ArtifactError:
-        model_dirs = []
     return Iteration(label=f"{path}@{rev}" if rev else str(path), view="eval" if eval_view else "train", base=base,
-                     files=files, root=path, rev=rev, model_dirs=model_dirs, missing=missing, metadata=metadata)
+                     files=files, root=path, rev=rev, model_dirs=project_model_dirs(path), missing=missing,
+                     metadata=metadata)
+
+
+def checked_footer(file: Path, artifact: str) -> dict[str, Any]:
+    """``file``'s rlpipe footer, refused (naming the file) when it holds another artifact or schema version."""
+    meta = read_metadata(file)
+    if meta.get("artifact") != artifact:
+        raise ArtifactError(f"{file}: holds artifact {meta.get('artifact')!r}, expected {artifact!r}")
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise ArtifactError(f"{file}: schema version {meta.get('schema_version')} but this rlpipe reads version "
+                            f"{SCHEMA_VERSION}; re-run the stage that produced it")
+    return meta
+
+
+def project_model_dirs(root: Path) -> list[Path]:
+    """Where the workspace's tokenizer may be (the policy, the model, the checkpoint): a project's tokenizer
+    does not change between iterations, so other revisions and single files use it too."""
+    try:
+        paths = read_project_paths(root)
+    except ArtifactError:
+        return []
+    return [root / paths[k] for k in ("policy", "model_dir", "checkpoint") if paths.get(k)]
 
 
 @functools.lru_cache(maxsize=8)

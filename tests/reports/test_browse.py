@@ -196,6 +196,7 @@ def test_bad_targets_are_named(tmp_path, root):
         browse.open_iteration(root / PATHS["rollouts"], rev="0")
     one = browse.open_iteration(root / PATHS["scores"])  # one artifact alone
     assert (one.base, one.view) == ("scores", "scores")
+    assert one.model_dirs == [root / "model", root / "model", root / "ckpt"]  # its project's tokenizer
     assert keys(browse.page(one, browse.Query(sort="reward", limit=2))) == [(2, 0), (1, 1)]
     prompts = browse.open_iteration(root / PATHS["train_prompts"])  # keyed by prompt_id alone
     assert [r["prompt"] for r in browse.page(prompts, browse.Query(sort="prompt_id", descending=True))["rows"]] == [
@@ -222,3 +223,15 @@ def test_eval_view_and_stale_tables_are_said(tmp_path):
     assert browse.iteration_warnings(browse.open_iteration(root)) == [
         f"token_stats: not found ({root / PATHS['token_stats']})",
         f"scores ({root / PATHS['scores']}) is for policy version 3 but rollouts is for 0: stale? run `dvc repro`"]
+
+
+def test_a_table_of_another_schema_version_is_refused_by_name(tmp_path):
+    from tests.inspect_project import make_project
+
+    root = make_project(tmp_path / "p", with_tokenizer=False)
+    file = root / PATHS["scores"]
+    table = pq.read_table(file)
+    footer = table.schema.metadata[b"rlpipe"].replace(b'"schema_version": ', b'"schema_version": 1000')
+    pq.write_table(table.replace_schema_metadata({b"rlpipe": footer}), file)
+    with pytest.raises(ArtifactError, match=f"{file}: schema version 1000.* but this rlpipe reads version"):
+        browse.open_iteration(root)
