@@ -346,12 +346,13 @@ def iteration_revisions(root: Path) -> list[str]:
     return [t for _, t in numbered]
 
 
-def workspace_is_new(root: Path) -> bool:
-    """Whether the workspace differs from every tagged iteration (uncommitted, or HEAD carries no tag)."""
+def workspace_tag(root: Path) -> str | None:
+    """The iteration tag the workspace is, when it is one: HEAD carries it and nothing tracked has changed
+    (dvc.lock records the artifacts, so new outputs show as a change). None: the workspace is new."""
     state = sources.git_state(root)
-    if state is None:
-        return True
-    return state["uncommitted_changes"] or not any(t.startswith("iteration-") for t in state["tags"])
+    if state is None or state["uncommitted_changes"]:
+        return None
+    return next((t for t in reversed(iteration_revisions(root)) if t in state["tags"]), None)
 
 
 def prompt_rows(it: Iteration, prompt_id: int) -> list[dict[str, Any]]:

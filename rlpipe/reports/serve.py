@@ -56,20 +56,24 @@ class Viewer:
                 "answer": browse.json_value(rec.get("answer")), "color_by": color,
                 "html": html.sample_html(rec, color)}
 
-    def iterations(self) -> list[tuple[str, browse.Iteration | str]]:
-        """Every tagged iteration of the project, then the workspace when it is not one of them."""
+    def iterations(self) -> tuple[list[tuple[str, browse.Iteration | str]], str]:
+        """Every tagged iteration of the project (the one served is used as it is, not opened again), then
+        the served one when it is no tag (a new workspace, a branch); and the name of the served one."""
         it = self.it
         if it.root is None:
-            return [(it.label, it)]
+            return [(it.label, it)], it.label
+        served = it.rev if it.rev is not None else browse.workspace_tag(it.root)
+        tags = browse.iteration_revisions(it.root)
         out = []
-        for tag in browse.iteration_revisions(it.root):
+        for tag in tags:
             with self._lock:
                 if tag not in self._others:
-                    self._others[tag] = it if tag == it.rev else self._open(tag)
+                    self._others[tag] = it if tag == served else self._open(tag)
                 out.append((tag, self._others[tag]))
-        if (it.rev is None and browse.workspace_is_new(it.root)) or not out:
-            out.append(("workspace" if it.rev is None else it.rev, it))
-        return out
+        if served not in tags:
+            served = served or "workspace"
+            out.append((served, it))
+        return out, served
 
     def _open(self, tag: str) -> browse.Iteration | str:
         try:
@@ -79,9 +83,9 @@ class Viewer:
             return str(e)
 
     def prompt(self, prompt_id: int) -> dict[str, Any]:
-        current = self.it.rev or "workspace"
-        return {"prompt_id": prompt_id, "current": current,
-                "iterations": browse.prompt_history(self.iterations(), prompt_id)}
+        iterations, served = self.iterations()
+        return {"prompt_id": prompt_id, "current": served,
+                "iterations": browse.prompt_history(iterations, prompt_id)}
 
 
 def _int(params: Any, name: str, default: int | None = None) -> int:

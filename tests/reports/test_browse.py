@@ -157,7 +157,7 @@ def test_one_sample_with_its_token_lists(it):
 
 def test_one_prompt_across_tagged_iterations(root, it, tmp_path):
     assert browse.iteration_revisions(root) == ["iteration-0", "iteration-1"]
-    assert browse.workspace_is_new(root)  # scores changed since iteration-1
+    assert browse.workspace_tag(root) is None  # scores changed since iteration-1: the workspace is new
     opened = [(tag, browse.open_iteration(root, rev=tag, workdir=tmp_path / "work"))
               for tag in browse.iteration_revisions(root)] + [("workspace", it), ("gone", "iteration-7: not found")]
     history = browse.prompt_history(opened, 1)
@@ -235,3 +235,16 @@ def test_a_table_of_another_schema_version_is_refused_by_name(tmp_path):
     pq.write_table(table.replace_schema_metadata({b"rlpipe": footer}), file)
     with pytest.raises(ArtifactError, match=f"{file}: schema version 1000.* but this rlpipe reads version"):
         browse.open_iteration(root)
+
+
+def test_a_clean_workspace_is_its_tag(tmp_path):
+    import subprocess
+
+    from tests.inspect_project import make_project
+
+    root = make_project(tmp_path / "p", with_tokenizer=False)
+    assert browse.workspace_tag(root) is None  # not a git repository
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.email=t@x", "-c", "user.name=t", "commit", "-qm", "0"],
+                 ["tag", "iteration-0"]):
+        subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+    assert browse.workspace_tag(root) == "iteration-0"

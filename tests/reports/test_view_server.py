@@ -205,3 +205,13 @@ def test_without_the_view_extra_the_command_says_what_to_install(root, monkeypat
     result = runner.invoke(app, ["view", str(root)])
     assert result.exit_code == 2 and "rlpipe view needs the `view` extra (uvicorn is not installed): pip install " \
                                       "'rlpipe[view]'" in result.output, result.output
+
+
+def test_the_served_iteration_is_not_opened_twice(root, tmp_path):
+    viewer = open_viewer(str(root), rev="1", eval_view=False, tokenizer=None, workdir=tmp_path)
+    iterations, served = viewer.iterations()
+    assert served == "iteration-1" and [name for name, _ in iterations] == ["iteration-0", "iteration-1"]
+    assert iterations[1][1] is viewer.it and iterations[0][1].rev == "iteration-0"
+    history = viewer.prompt(1)
+    assert history["current"] == "iteration-1"
+    assert [[r["reward"] for r in h["rows"]] for h in history["iterations"]] == [[1.5, 0.0], [1.5, 1.0]]
