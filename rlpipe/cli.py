@@ -474,7 +474,7 @@ def view(
     open_browser: bool = typer.Option(False, "--open", help="also open the page in this machine's browser"),
 ) -> None:
     """Browse an iteration's rollouts in a local page: page, sort, --where, search, token views, a prompt across
-    iterations. Needs the `view` extra (pip install 'rlpipe[view]')."""
+    iterations. Needs the `view` extra: pip install 'rlpipe\\[view]'."""  # \\[: rich would read [view] as a style
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401

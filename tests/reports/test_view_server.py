@@ -205,6 +205,8 @@ def test_without_the_view_extra_the_command_says_what_to_install(root, monkeypat
     result = runner.invoke(app, ["view", str(root)])
     assert result.exit_code == 2 and "rlpipe view needs the `view` extra (uvicorn is not installed): pip install " \
                                       "'rlpipe[view]'" in result.output, result.output
+    helped = runner.invoke(app, ["view", "--help"], env={"COLUMNS": "200"})
+    assert "Needs the `view` extra: pip install 'rlpipe[view]'." in helped.output  # not eaten as rich markup
 
 
 def test_the_served_iteration_is_not_opened_twice(root, tmp_path):
