@@ -234,6 +234,21 @@ def table_columns(it: Iteration) -> dict[str, str]:
     return {c: str(stored[c]) for c in ordered}
 
 
+def column_docs(it: Iteration) -> dict[str, str]:
+    """What each stored column means, from rlpipe.data.schema (the one place it is written), with the table
+    holding it: the table header's tooltips. A key column is described by the base table."""
+    docs: dict[str, str] = {}
+    for role, meta in it.metadata.items():
+        schema = get_schema(str(meta.get("artifact")))
+        for column in schema.columns:
+            docs.setdefault(column.name, f"{column.doc} ({schema.name}, written by {schema.owner})")
+        if schema.dynamic_prefix:
+            names = pl.scan_parquet(it.files[role]).collect_schema().names()
+            docs.update({c: f"{schema.dynamic_doc} ({schema.name}, written by {schema.owner})" for c in names
+                         if c.startswith(schema.dynamic_prefix) and c not in docs})
+    return docs
+
+
 def filter_columns(it: Iteration) -> dict[str, str]:
     """Every column a --where can name (per-token lists included), with its dtype."""
     return {c: str(t) for c, t in scan(it).collect_schema().items()}

@@ -40,7 +40,7 @@ class Viewer:
         columns = browse.filter_columns(it)
         return {"label": it.label, "view": it.view, "revision": it.rev, "total": count_rows(it.files[it.base]),
                 "table_columns": browse.table_columns(it), "columns": columns,
-                "color_columns": [c for c in COLOR_COLUMNS if c in columns],
+                "color_columns": [c for c in COLOR_COLUMNS if c in columns], "docs": browse.column_docs(it),
                 "files": {role: str(f) for role, f in it.files.items()}, "warnings": browse.iteration_warnings(it),
                 "tokenizer": str(self.decoder.path) if self.decoder else None,
                 "preview_chars": browse.PREVIEW_CHARS}

@@ -117,6 +117,10 @@ def test_page_and_assets_come_from_the_wheel(url):
     status, info = get(url, "api/info")
     assert info["total"] == 6 and info["view"] == "train" and "token_advantages" in info["color_columns"]
     assert "completion_token_ids" in info["columns"] and "completion_token_ids" not in info["table_columns"]
+    # what each column means, from rlpipe.data.schema: the table headers' tooltips
+    assert info["docs"]["reward"] == ("Weighted sum of the reward components (the fallback reward on error). "
+                                      "(scores, written by score)")
+    assert info["docs"]["reward_exact_answer"].startswith("reward_<name>: unweighted value of reward component")
 
 
 def test_the_page_draws_rows_and_a_token_view_in_chromium(url, tmp_path):
@@ -127,6 +131,8 @@ def test_the_page_draws_rows_and_a_token_view_in_chromium(url, tmp_path):
     rows = re.findall(r'<tr data-prompt-id="(\d+)" data-sample-idx="(\d+)"( class="open")?>', dom)
     assert rows == [("2", "0", ""), ("1", "1", ' class="open"')]
     assert "rows 1–2 of 2 matched (6 in all)" in dom
+    assert re.search(r'<th class="sorted" title="Weighted sum of the reward components \(the fallback reward on '
+                     r'error\)\. \(scores, written by score\)\nclick: sort by reward \(again: reverse\)">reward ↑</th>', dom)
     tokens = re.findall(r'<span class="tok" style="background:(#[0-9a-f]{6})"', dom)
     assert tokens == [_blend(NEGATIVE, 1.0)] * 2
     assert re.findall(r'<table class="history" data-iteration="([^"]+)">', dom) == ["iteration-0", "iteration-1",

@@ -93,7 +93,7 @@ function drawTable(page) {
     const th = document.createElement("th");
     th.textContent = name + (state.sort === name ? (state.desc ? " ↓" : " ↑") : "");
     th.className = state.sort === name ? "sorted" : "";
-    th.title = "sort by " + name + " (click again to reverse)";
+    th.title = (info.docs[name] ? info.docs[name] + "\n" : "") + "click: sort by " + name + " (again: reverse)";
     th.onclick = () => {
       state.desc = state.sort === name ? !state.desc : false;
       state.sort = name;
