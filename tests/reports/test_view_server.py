@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from rlpipe.cli import app
 from rlpipe.reports import html
+from rlpipe.reports.inspect import inspect_data
 from rlpipe.reports.render import NEGATIVE, _blend
 from rlpipe.reports.serve import bind, make_app, open_viewer
 from tests import browser
@@ -83,16 +84,15 @@ def test_a_bad_query_is_a_400_that_names_it(url, params, status, message):
     assert got == status and message in body["error"]
 
 
-def test_sample_endpoint_draws_the_inspect_token_view(url):
+def test_sample_endpoint_draws_the_inspect_token_view(url, root):
     status, sample = get(url, "api/sample", prompt_id="1", sample_idx="1")
     assert status == 200 and (sample["prompt"], sample["answer"], sample["color_by"]) == ("2+3=", "5", "token_advantages")
-    spans = re.findall(r'<span class="tok" style="background:(#[0-9a-f]{6})" title="([^"]*)">([^<]*)</span>',
-                       sample["html"])
+    # exactly what the inspect page draws for that sample (rlpipe.reports.html, one drawing for both)
+    shown = inspect_data(root, prompt_ids=[1], color_by="token_advantages")["rows"]
+    assert sample["html"] == html.sample_html(next(r for r in shown if r["sample_idx"] == 1), "token_advantages")
+    spans = re.findall(r'<span class="tok[^"]*" style="background:(#[0-9a-f]{6})"[^>]*>([^<]*)</span>', sample["html"])
     # "4" then EOS, both at advantage -0.7071: the whole (one-sample) range, so full red
-    assert [(c, text) for c, _, text in spans] == [(_blend(NEGATIVE, 1.0), "4"), (_blend(NEGATIVE, 1.0), "&lt;eos&gt;")]
-    assert spans[0][1].startswith("token 0: &#x27;4&#x27; (id 9)")
-    assert '<details class="per-token">' in sample["html"]  # closed: opened by the reader
-    assert "reward 0.500 (exact_answer 0.000)" in sample["html"]
+    assert spans == [(_blend(NEGATIVE, 1.0), "4"), (_blend(NEGATIVE, 1.0), "&lt;eos&gt;")]
     status, other = get(url, "api/sample", prompt_id="1", sample_idx="1", color_by="entropy")
     assert other["color_by"] == "entropy"
     assert get(url, "api/sample", prompt_id="1", sample_idx="1", color_by="reward")[0] == 400
@@ -133,7 +133,7 @@ def test_the_page_draws_rows_and_a_token_view_in_chromium(url, tmp_path):
     assert "rows 1–2 of 2 matched (6 in all)" in dom
     assert re.search(r'<th class="sorted" title="Weighted sum of the reward components \(the fallback reward on '
                      r'error\)\. \(scores, written by score\)\nclick: sort by reward \(again: reverse\)">reward ↑</th>', dom)
-    tokens = re.findall(r'<span class="tok" style="background:(#[0-9a-f]{6})"', dom)
+    tokens = re.findall(r'<span class="tok[^"]*" style="background:(#[0-9a-f]{6})"', dom)
     assert tokens == [_blend(NEGATIVE, 1.0)] * 2
     assert re.findall(r'<table class="history" data-iteration="([^"]+)">', dom) == ["iteration-0", "iteration-1",
                                                                                      "workspace"]
