@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import tempfile
 import threading
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,9 @@ def make_app(viewer: Viewer):
                 return JSONResponse({"error": str(e.args[0] if e.args else e)}, status_code=404)
             except (RlpipeError, ValueError) as e:
                 return JSONResponse({"error": str(e)}, status_code=400)
+            except Exception as e:  # noqa: BLE001 - a bug, but the page shows what it was, not "Unexpected token"
+                traceback.print_exc()
+                return JSONResponse({"error": f"internal error: {type(e).__name__}: {e}"}, status_code=500)
         return endpoint
 
     def asset(request):

@@ -84,6 +84,16 @@ def test_a_bad_query_is_a_400_that_names_it(url, params, status, message):
     assert got == status and message in body["error"]
 
 
+def test_an_internal_error_is_a_500_the_page_can_show(url, monkeypatch):
+    from rlpipe.reports import browse
+
+    def broken(it, query):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(browse, "page", broken)
+    assert get(url, "api/rows") == (500, {"error": "internal error: RuntimeError: disk on fire"})
+
+
 def test_sample_endpoint_draws_the_inspect_token_view(url, root):
     status, sample = get(url, "api/sample", prompt_id="1", sample_idx="1")
     assert status == 200 and (sample["prompt"], sample["answer"], sample["color_by"]) == ("2+3=", "5", "token_advantages")
