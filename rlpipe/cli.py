@@ -429,8 +429,20 @@ def inspect(
     as_json: bool = typer.Option(False, "--json", help="print the summary and rows as JSON (for scripts)"),
     html: Optional[str] = typer.Option(None, "--html", help="also write the view as a self-contained HTML page "
                                                              "(exact values on hover, per-token tables)"),
+    serve_page: bool = typer.Option(False, "--serve", help="browse every row in a local page instead: `rlpipe view "
+                                                           "TARGET` on port 8765, starting from --where/--sort"),
 ) -> None:
     """Join an iteration's artifacts on (prompt_id, sample_idx) and show statistics and colour-coded rollouts."""
+    if serve_page:
+        from rlpipe.reports.inspect import COLOR_ALIASES
+
+        if show is not None or prompt_id or as_json or html:
+            _fail(RlpipeError("--serve opens the browser page, where rows are paged and opened there: drop "
+                              "--show/--prompt-id/--json/--html (or use --where 'prompt_id IN (3, 17)')"))
+        return _serve_view(target, rev=rev, eval_view=eval_view, host="127.0.0.1", port=8765, tokenizer=tokenizer,
+                           open_browser=False, start={"where": where or "", "sort": sort or "",
+                                                      "desc": "1" if desc else "",
+                                                      "color": COLOR_ALIASES.get(color_by, color_by) or ""})
     from rlpipe.reports.html import inspect_html
     from rlpipe.reports.inspect import inspect_data
     from rlpipe.reports.terminal import print_inspect
@@ -475,6 +487,13 @@ def view(
 ) -> None:
     """Browse an iteration's rollouts in a local page: page, sort, --where, search, token views, a prompt across
     iterations. Needs the `view` extra: pip install 'rlpipe\\[view]'."""  # \\[: rich would read [view] as a style
+    _serve_view(target, rev=rev, eval_view=eval_view, host=host, port=port, tokenizer=tokenizer,
+                open_browser=open_browser)
+
+
+def _serve_view(target: str, *, rev: Optional[str], eval_view: bool, host: str, port: int, tokenizer: Optional[str],
+                open_browser: bool, start: Optional[dict] = None) -> None:
+    """`rlpipe view` and `rlpipe inspect --serve`: check the extra is installed, then serve until Ctrl-C."""
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
@@ -491,7 +510,7 @@ def view(
 
     try:
         serve(target, rev=rev, eval_view=eval_view, host=host, port=port, tokenizer=tokenizer,
-              echo=lambda line: typer.echo(line, err=line.endswith("stopped")), on_ready=ready)
+              echo=lambda line: typer.echo(line, err=line.endswith("stopped")), on_ready=ready, start=start)
     except RlpipeError as e:
         _fail(e)
 

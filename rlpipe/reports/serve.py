@@ -12,6 +12,7 @@ import socket
 import tempfile
 import threading
 import traceback
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -171,21 +172,24 @@ def open_viewer(target: str, *, rev: str | None, eval_view: bool, tokenizer: str
 
 def serve(target: str, *, rev: str | None = None, eval_view: bool = False, host: str = "127.0.0.1",
           port: int = 8765, tokenizer: str | None = None, echo: Callable[[str], None] = print,
-          on_ready: Callable[[str], None] | None = None) -> None:
+          on_ready: Callable[[str], None] | None = None, start: dict[str, str] | None = None) -> None:
     """Serve ``target`` until Ctrl-C (uvicorn stops on SIGINT/SIGTERM and returns; the temporary copies of
-    other iterations' files are removed then)."""
+    other iterations' files are removed then). ``start``: the page's first query (``where``, ``sort``, ``desc``,
+    ``color``), put in the address's fragment, where the page keeps its state."""
     import uvicorn
 
     with tempfile.TemporaryDirectory(prefix="rlpipe-view-") as tmp:
         viewer = open_viewer(target, rev=rev, eval_view=eval_view, tokenizer=tokenizer, workdir=Path(tmp))
         sock = bind(host, port)
-        shown = f"[{host}]" if ":" in host else host
-        url = f"http://{shown}:{sock.getsockname()[1]}/"
-        echo(f"rlpipe view: {viewer.it.label} ({viewer.it.view} view) at {url}  (Ctrl-C to stop)")
-        if on_ready:
-            on_ready(url)
-        server = uvicorn.Server(uvicorn.Config(make_app(viewer), log_level="warning", lifespan="off"))
         try:
+            shown = f"[{host}]" if ":" in host else host
+            fragment = urllib.parse.urlencode({k: v for k, v in (start or {}).items() if v},
+                                              quote_via=urllib.parse.quote)
+            url = f"http://{shown}:{sock.getsockname()[1]}/" + (f"#{fragment}" if fragment else "")
+            echo(f"rlpipe view: {viewer.it.label} ({viewer.it.view} view) at {url}  (Ctrl-C to stop)")
+            if on_ready:
+                on_ready(url)
+            server = uvicorn.Server(uvicorn.Config(make_app(viewer), log_level="warning", lifespan="off"))
             server.run(sockets=[sock])
         except KeyboardInterrupt:  # uvicorn shuts down on Ctrl-C, then raises it again for the caller: done
             pass

@@ -233,3 +233,34 @@ def test_the_served_iteration_is_not_opened_twice(root, tmp_path):
     history = viewer.prompt(1)
     assert history["current"] == "iteration-1"
     assert [[r["reward"] for r in h["rows"]] for h in history["iterations"]] == [[1.5, 0.0], [1.5, 1.0]]
+
+
+def test_inspect_serve_is_view_starting_from_its_where_and_sort(root, monkeypatch):
+    from rlpipe.reports import serve
+
+    calls = []
+    monkeypatch.setattr(serve, "serve", lambda target, **options: calls.append((target, options)))
+    result = runner.invoke(app, ["inspect", str(root), "--serve", "--where", "reward < 1", "--sort", "reward", "--desc",
+                                 "--color-by", "advantage", "--rev", "1"])
+    assert result.exit_code == 0, result.output
+    [(target, options)] = calls
+    assert target == str(root) and (options["host"], options["port"], options["rev"]) == ("127.0.0.1", 8765, "1")
+    assert options["start"] == {"where": "reward < 1", "sort": "reward", "desc": "1", "color": "token_advantages"}
+    refused = runner.invoke(app, ["inspect", str(root), "--serve", "--show", "3"])
+    assert refused.exit_code == 2 and "--serve opens the browser page" in refused.output
+
+
+def test_the_first_query_is_in_the_address_printed(root):
+    from rlpipe.reports.serve import serve
+
+    class Ready(Exception):
+        pass
+
+    def stop(url):
+        raise Ready(url)
+
+    printed = []
+    with pytest.raises(Ready) as ready:
+        serve(str(root), port=0, echo=printed.append, on_ready=stop, start={"where": "reward < 1", "sort": ""})
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/#where=reward%20%3C%201", str(ready.value))
+    assert printed == [f"rlpipe view: {root} (train view) at {ready.value}  (Ctrl-C to stop)"]
