@@ -195,6 +195,21 @@ def _answers_table(groups: list[tuple[Any, list[dict[str, Any]]]], column: str |
     return "".join(rows) + "</table>"
 
 
+def sample_html(rec: dict[str, Any], column: str | None) -> str:
+    """One sample's token view alone (what `rlpipe view` opens on demand): its header, legend, coloured
+    tokens, turns and per-token table, drawn by the same pieces as the inspect page's samples."""
+    scale = render.color_scale([rec], column)
+    parts = [f"<div class=\"meta\">{esc(render.row_header(rec))}</div>"]
+    if scale:
+        parts.append(_legend(column, scale))
+    if "tokens" in rec:
+        cells = render.token_cells(rec, column, scale)
+        parts += [completion_html(cells), turns_html(rec), per_token_table(rec, cells, open_=False)]
+    else:
+        parts.append(f"<div class=\"completion\">{esc(rec.get('completion_text') or '')}</div>")
+    return f"<div class=\"sample\" data-sample-idx=\"{esc(rec.get('sample_idx'))}\">{''.join(parts)}</div>"
+
+
 # ----------------------------------------------------------------------------------------------
 # rlpipe diff
 # ----------------------------------------------------------------------------------------------
