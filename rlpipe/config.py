@@ -288,7 +288,9 @@ class TrainConfig:
     sequence_count: Literal["nonempty", "all_rows"]  # fine point (profile): which rows the seq-mean modes count
     gmpo_clip_sign: Literal["sequence", "token"]  # fine point (profile): GMPO's clip side, by row or token advantage
     entropy_mask_form: Literal["policy_term", "token_set"]  # fine point (profile): what the 80/20 mask removes
-    tis_cap: float | None  # truncated importance sampling: weight min(pi_old / pi_sampler, C); null = off
+    # truncated importance sampling: weight min(pi_old / pi_sampler, C); null = off; auto = AUTO_TIS_CAP when
+    # policy.max_staleness >= 1, else off (load_params resolves it: every other reader sees a number or None)
+    tis_cap: float | Literal["auto"] | None
     top_entropy_quantile: float  # rho: train the policy term on the top-rho tokens by pi_old's entropy; 1.0 = all
     keep_sampling_mask: bool  # DeepSeek-V3.2: with top_p < 1 / top_k > 0, the ratio on the sampler's support
     target_kl: float | None  # stop the epoch loop once a step's approx KL to pi_old exceeds it; null = never
@@ -527,6 +529,19 @@ def _build(cls: type, data: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
+# The cap `train.tis_cap: auto` takes in overlapped iterations: verl's rollout-correction threshold and what
+# ALGORITHMS.md suggests. Measured at S = 1 on the embedded default (BENCHMARKS.md, overlapped iterations).
+AUTO_TIS_CAP = 2.0
+
+
+def resolved_tis_cap(setting: float | str | None, max_staleness: int) -> float | None:
+    """``train.tis_cap`` as train applies it: "auto" is AUTO_TIS_CAP when the sampler may lag the trainer
+    (policy.max_staleness >= 1) and off when it cannot, so synchronous runs keep their exact objective."""
+    if setting == "auto":
+        return AUTO_TIS_CAP if max_staleness >= 1 else None
+    return setting
+
+
 def load_params(path: str | Path = "params.yaml") -> Params:
     """Load and check the whole params file; errors name the file and the dotted key."""
     p = Path(path)
@@ -541,7 +556,8 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except ConfigError as e:
         raise ConfigError(f"{p}: {e}") from None
     _check_consistency(params, p)
-    return params
+    cap = resolved_tis_cap(params.train.tis_cap, params.policy.max_staleness)
+    return dataclasses.replace(params, train=dataclasses.replace(params.train, tis_cap=cap))
 
 
 def apply_profile(data: Any) -> Any:
@@ -639,7 +655,7 @@ def _train_rules(params: Params, need: Need) -> None:
     need(t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps must be >= 0 (0 = off)")
     need(t.checkpoint_every_s >= 0, "train.checkpoint_every_s must be >= 0 (0 = off)")
     need(t.max_sampler_mismatch is None or t.max_sampler_mismatch > 0, "train.max_sampler_mismatch must be > 0 or null")
-    need(t.tis_cap is None or t.tis_cap > 0, "train.tis_cap must be > 0 or null")
+    need(t.tis_cap in (None, "auto") or t.tis_cap > 0, "train.tis_cap must be > 0, auto or null")
     need(0 < t.top_entropy_quantile <= 1, "train.top_entropy_quantile must be in (0, 1] (1.0 = every token)")
     need(t.target_kl is None or t.target_kl > 0, "train.target_kl must be > 0 or null")
     need(t.critic.value_clip_eps > 0 and t.critic.lr > 0, "train.critic.value_clip_eps and train.critic.lr must be > 0")
