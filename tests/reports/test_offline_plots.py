@@ -21,11 +21,12 @@ from rlpipe.cli import app
 from rlpipe.errors import RlpipeError
 from rlpipe.reports import plots
 from tests import browser
-from tests.plots_project import CHARTS, make_plots_project
+from tests.plots_project import CHARTS, REPO, make_plots_project
 
 pytest.importorskip("vl_convert", reason="vl-convert-python (the rlpipe[plots] extra) is not installed")
 runner = CliRunner()
 DVC_PURPLE = (0x94, 0x5D, 0xD6)  # the colour of DVC's first line (dvc_render's colour range)
+DVC_CYAN = "#13adc7"  # its second
 PER_ITERATION = ["accuracy per iteration (held-out greedy, train samples)", "reward per iteration",
                  "train reward distribution per iteration (median, p25-p75, p10-p90)",
                  "KL per iteration (to the reference, to pi_old)", "clip fraction per iteration",
@@ -253,3 +254,38 @@ def test_static_render_draws_the_same_charts(pages, tmp_path):
     assert reward["x_ticks"] == ["0", "1", "2"] and len(reward["symbol"]) == 6
     band = read_chart((out / "train-reward-distribution-per-iteration-median-p25-p75-p10-p90.svg").read_text())
     assert len(band["area"]) == 2 and len(band["symbol"]) == 3 and band["x_ticks"] == ["0", "1", "2"]
+
+
+def test_plots_diff_draws_the_first_iterations_point_in_its_revisions_colour(tmp_path):
+    """`dvc plots diff iteration-0`: the tag holds one iteration, the workspace three; the tag's lone point
+    is drawn (it was invisible), in the same colour on the line charts and the distribution charts."""
+    import json
+    import shutil
+
+    from rlpipe.run.history import write_history_csv
+    from tests.plots_project import history_rows
+
+    root = make_plots_project(tmp_path / "proj", iterations=1)
+    shutil.rmtree(root / ".dvc")
+    git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    dvc(root, "init", "-q")
+    shutil.copytree(REPO / ".dvc/plots", root / ".dvc/plots")
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "iteration 0"], cwd=root, check=True)
+    subprocess.run(["git", "tag", "iteration-0"], cwd=root, check=True)
+    history = root / "history/iterations.jsonl"
+    history.write_text("".join(json.dumps(r) + "\n" for r in history_rows(3)))
+    write_history_csv(history, root / "plots/iterations.csv")
+    out = tmp_path / "static"
+    result = runner.invoke(app, ["plots", "render", str(out), "--project", str(root), "--rev", "iteration-0",
+                                 "--rev", "workspace", "--format", "svg"])
+    assert result.exit_code == 0, result.output
+    tag_colour = {}
+    for name in ("reward-per-iteration", "train-reward-distribution-per-iteration-median-p25-p75-p10-p90"):
+        symbols = read_chart((out / f"{name}.svg").read_text())["symbol"]
+        at_tag = [p for p in symbols if "iteration-0" in (p.get("aria-label") or "")]
+        assert at_tag and min(marker_radius(p) for p in at_tag) > 3, name  # the tag's one point, visible
+        tag_colour[name] = {p.get("fill") for p in at_tag}
+        assert len(symbols) - len(at_tag) == 3 * (2 if name.startswith("reward") else 1)  # the workspace's
+    assert list(tag_colour.values()) == [{DVC_CYAN}] * 2  # DVC's second colour, the same in both charts
