@@ -42,7 +42,7 @@ def turn_records(row: dict[str, Any]) -> list[dict[str, Any]]:
 def _call(c: dict[str, Any]) -> str:
     result = (c.get("result") or "").replace("\n", "⏎")
     result = result if len(result) <= 60 else result[:57] + "..."
-    return f"{c.get('name') or '?'}({c.get('arguments') or ''}) → {c.get('status')}: {result}"
+    return f"{c.get('name') or '?'}({c.get('arguments') or ''}) → {c.get('status')}" + (f": {result}" if result else "")
 
 
 def turn_separator(turn: dict[str, Any]) -> str:
