@@ -97,10 +97,11 @@ def _print_rows(console: Any, data: dict[str, Any]) -> None:
                 continue
             line = Text("  ")
             for cell in token_cells(rec, column, scale):
-                if cell.turn_break or cell.turn_start:  # multi-turn: each turn and each reply on lines of their own
+                labels = [cell.turn_break, cell.turn_start and f"turn {cell.turn_start} (the policy's tokens)"]
+                if any(labels):  # multi-turn: each turn and each reply on lines of their own
                     console.print(line, soft_wrap=True)
-                    label = cell.turn_break or f"turn {cell.turn_start} (the policy's tokens)"
-                    console.print(Text(f"    {label}", style="bold dim"), soft_wrap=True)
+                    for label in filter(None, labels):
+                        console.print(Text(f"    {label}", style="bold dim"), soft_wrap=True)
                     line = Text("  ")
                 style = Style(color="black", bgcolor=cell.colour, italic=cell.observation) if cell.colour else ""
                 line.append(cell.text, style=style)

@@ -305,3 +305,16 @@ def test_diff_reads_eval_rollouts_written_before_they_kept_turns(two_iterations,
     data = as_json("diff", str(old), str(b))
     assert (data["flips"]["wrong_to_right"], data["flips"]["right_to_wrong"]) == (1, 1)
     fails("inspect", str(old), "--eval", message="missing column(s) ['turn_starts', 'tool_calls']")
+
+
+def test_terminal_puts_each_turn_and_each_reply_on_lines_of_their_own(tmp_path):
+    from tests.inspect_project import make_multi_turn_project
+
+    out = ok("inspect", str(make_multi_turn_project(tmp_path / "mt")), "--show", "1").stdout
+    lines = [line.rstrip() for line in out.splitlines()]
+    i = lines.index("  c(2+3)")
+    assert lines[i:i + 5] == [
+        "  c(2+3)",
+        '    ▸ turn 1 → tool call calculator({"expr": "2+3"}) → ok: 5 · the environment\'s reply follows (not the '
+        "policy's tokens)",
+        "  =5;", "    turn 2 (the policy's tokens)", "  5."]
