@@ -315,6 +315,6 @@ def test_terminal_puts_each_turn_and_each_reply_on_lines_of_their_own(tmp_path):
     i = lines.index("  c(2+3)")
     assert lines[i:i + 5] == [
         "  c(2+3)",
-        '    ▸ turn 1 → tool call calculator({"expr": "2+3"}) → ok: 5 · the environment\'s reply follows (not the '
-        "policy's tokens)",
+        ('    ▸ turn 1 → tool call calculator({"expr": "2+3"}) → ok: 5 · the environment\'s reply follows (not the '
+         "policy's tokens)"),
         "  =5;", "    turn 2 (the policy's tokens)", "  5."]

@@ -101,8 +101,8 @@ def test_token_cells_mark_the_environments_tokens_and_the_turn_boundaries():
     cells = token_cells(rec, "sampler_logprobs", scale)
     assert [c.observation for c in cells] == [False, False, True, True, False]
     assert [c.colour for c in cells][2:4] == [OBSERVATION] * 2 and cells[1].colour == "#ffffff"  # certain, not grey
-    assert [c.turn_break for c in cells] == [None, None, "▸ turn 1 → tool call add(1,2) → timeout · the "
-                                             "environment's reply follows (not the policy's tokens)", None, None]
+    separator = "▸ turn 1 → tool call add(1,2) → timeout · the environment's reply follows (not the policy's tokens)"
+    assert [c.turn_break for c in cells] == [None, None, separator, None, None]
     assert [c.turn_start for c in cells] == [None, None, None, None, 2]
     assert "the environment's token" in cells[2].tooltip() and "the environment's" not in cells[0].tooltip()
     single = token_cells({"tokens": ["a"], "turns": [], "per_token": {}}, None, None)[0]
