@@ -15,6 +15,7 @@ import polars as pl
 
 from rlpipe.config import GenerateConfig, Params, VLLMConfig
 from rlpipe.data.io import read_artifact, read_policy_version
+from rlpipe.data.quantiles import quantile_summary
 from rlpipe.data.schema import PROMPTS, TOOL_CALL
 from rlpipe.engines.base import Completion, GenerationEngine, PromptRequest, SamplingParams, derive_seed
 from rlpipe.errors import ArtifactError, ConfigError
@@ -294,6 +295,7 @@ def rollout_metrics(rollouts: pl.DataFrame, *, multi_turn: bool = False) -> dict
         "completion_tokens": int(lengths.sum()),
         "length_mean": float(lengths.mean()),
         "length_max": int(lengths.max()),
+        "length_quantiles": quantile_summary(lengths),  # the per-iteration distribution chart (dvc.yaml plots)
         "truncation_rate": float(rollouts["truncated"].mean()),
         "sampler_logprob_mean": float(sampled.mean()) if sampled.len() else 0.0,
     }
