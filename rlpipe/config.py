@@ -393,9 +393,9 @@ class StageResourcesConfig:
     num_cpus: float = 1.0  # per process
     num_gpus: float = 0.0  # per process (Ray sets CUDA_VISIBLE_DEVICES to them)
     resources: dict[str, float] = field(default_factory=dict)  # Ray custom resources per process, e.g. {trainer: 1}
-    nodes: int = 1  # train / reference_logprob: nodes of one torch.distributed job (one Ray task per node)
+    nodes: int = 1  # train / reference_logprob / generate: nodes of one torch.distributed job (one Ray task per node)
     processes_per_node: int = 1  # ranks per node (torchrun's --nproc_per_node); each gets the resources above
-    engines: int = 1  # generate / evaluate on vLLM: replicas (data parallel), each num_gpus = its tensor-parallel size
+    engines: int = 1  # generate: must be 1 or nodes x processes_per_node (each process of generate is one engine)
 
 
 @dataclass(frozen=True)
