@@ -49,6 +49,11 @@ table.columns td { font-family: ui-monospace, monospace; font-size: 0.95em; }
 .tok { white-space: pre-wrap; overflow-wrap: anywhere; color: #000; padding: 1px 0;
        border-right: 1px solid rgba(0,0,0,0.08); }
 .tok:hover { outline: 2px solid #333; }
+.tok.obs { color: #37474f; font-style: italic; }
+.turn-start { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; font-size: 0.8em; color: #607d8b;
+              margin-top: 0.25em; line-height: 1.4; }
+.turn-sep { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; font-size: 0.85em; color: #37474f;
+            border-left: 4px solid #607d8b; background: #f4f6f8; padding: 0 0.5em; margin: 0.25em 0; line-height: 1.6; }
 .scroll { overflow-x: auto; }
 details.per-token summary { cursor: pointer; color: #1a5e8a; font-size: 0.9em; }
 .legend span { display: inline-block; padding: 2px 8px; font-family: ui-monospace, monospace; color: #000; }
@@ -264,15 +269,23 @@ def _text_height(pieces: list[str] | None) -> float:
 
 
 def completion_html(cells: list[render.TokenCell]) -> str:
-    """A completion drawn in HTML, one ``<span class="tok">`` per token (for pages of a few tokens; the
-    inspect page has its script draw the same from the packed tokens)."""
+    """A completion drawn in HTML, one ``<span class="tok">`` per token (for a page of one sample, `rlpipe view`'s;
+    the inspect page has its script draw the same from the packed tokens).
+
+    Multi-turn: the environment's tokens are ``tok obs`` (grey, italic) and a ``turn-sep`` line before each
+    reply names the turn's tool calls and their status."""
     spans = []
     for cell in cells:
-        style = f" style=\"background:{cell.colour}\"" if cell.colour else ""
+        if cell.turn_break:  # multi-turn: the turn, its tool calls and their status, before the environment's reply
+            spans.append(f"<div class=\"turn-sep\">{esc(cell.turn_break)}</div>")
+        if cell.turn_start:  # and the model's next turn on a line of its own
+            spans.append(f"<div class=\"turn-start\">turn {cell.turn_start} (the policy's tokens)</div>")
+        cls = "tok obs" if cell.observation else "tok"
+        attrs = f" style=\"background:{cell.colour}\"" if cell.colour else ""
         # a newline is drawn as ⏎ and breaks the line right there, inside the token: a BPE token "\n    "
         # ends one line and indents the next, so code and reasoning keep their structure
         text = esc(cell.text).replace("⏎", "⏎<br>")
-        spans.append(f"<span class=\"tok\"{style} title=\"{esc(cell.tooltip())}\">{text}</span>")
+        spans.append(f"<span class=\"{cls}\"{attrs} title=\"{esc(cell.tooltip())}\">{text}</span>")
     return f"<div class=\"completion\">{''.join(spans)}</div>"
 
 
@@ -325,7 +338,8 @@ def _rows(data: dict[str, Any], kept: int, notes: list[str], scale: dict[str, An
 def _answers_table(groups: list[tuple[Any, list[dict[str, Any]]]], index: dict[int, int]) -> str:
     """One row per prompt (eval view: one greedy completion each), not a card per answer."""
     rows = ["<table class=\"answers\"><tr><th class=\"num\">prompt_id</th><th>prompt</th><th>answer</th>"
-            "<th>completion</th><th class=\"num\">reward</th><th>correct</th><th class=\"num\">tokens</th></tr>"]
+            "<th>completion</th><th class=\"num\">reward</th><th>correct</th><th class=\"num\">tokens</th>"
+            "<th>finish</th></tr>"]
     for pid, recs in groups:
         for rec in recs:
             k = index[id(rec)]
@@ -337,7 +351,8 @@ def _answers_table(groups: list[tuple[Any, list[dict[str, Any]]]], index: dict[i
             rows.append(f"<tr data-prompt-id=\"{esc(pid)}\"><td class=\"num\">{esc(pid)}</td>"
                         f"<td><code>{esc(rec.get('prompt') or '')}</code></td><td>{esc(fmt(rec.get('answer')))}</td>"
                         f"<td id=\"row-{k}\">{completion}</td><td class=\"num\">{esc(fmt(rec.get('reward')))}</td>"
-                        f"<td>{correct}</td><td class=\"num\">{esc(fmt(rec.get('completion_length')))}</td></tr>")
+                        f"<td>{correct}</td><td class=\"num\">{esc(fmt(rec.get('completion_length')))}</td>"
+                        f"<td>{esc(_finish(rec))}</td></tr>")
     return "".join(rows) + "</table>"
 
 
@@ -374,6 +389,47 @@ def _look_here(summary: dict[str, Any], records: list[dict[str, Any]]) -> str:
 LOOK_HERE_NOTE = ("a first look against reward hacking and broken samples, over every selected row (not only the "
                   "shown ones): right-looking rewards on wrong answers, runaway lengths, tokens training moved "
                   "most, sampler/trainer disagreement, cut-off completions")
+
+
+def per_token_table(rec: dict[str, Any], cells: list[render.TokenCell], *, open_: bool) -> str:
+    """Every per-token value of one sample, one row per token (exact values, numbers right-aligned): the
+    one-sample view's table (the inspect page's script draws the same from the packed tokens)."""
+    columns = list(rec.get("per_token", {}))
+    head = "<tr><th class=\"num\">pos</th><th>token</th><th class=\"num\">id</th>" + "".join(
+        f"<th class=\"num\">{esc(c)}</th>" for c in columns) + "</tr>"
+    body = "".join(
+        f"<tr><td class=\"num\">{c.position}</td><td><code>{esc(c.text)}</code></td>"
+        f"<td class=\"num\">{esc(fmt(c.token_id))}</td>"
+        + "".join(f"<td class=\"num\">{esc(render.exact(c.values.get(col)))}</td>" for col in columns) + "</tr>"
+        for c in cells)
+    return (f"<details class=\"per-token\"{' open' if open_ else ''}><summary>per-token values of "
+            f"#{esc(rec.get('sample_idx', '-'))} ({len(cells)} tokens)</summary>"
+            f"<div class=\"scroll\"><table class=\"per-token\">{head}{body}</table></div></details>")
+
+
+def sample_html(rec: dict[str, Any], column: str | None) -> str:
+    """One sample's token view alone (what `rlpipe view` opens on demand): its header, legend, coloured
+    tokens, turns and per-token table, drawn by the same pieces as the inspect page's samples."""
+    scale = render.color_scale([rec], column)
+    parts = [f"<div class=\"meta\">{esc(render.row_header(rec))}</div>"]
+    if scale:
+        parts.append(_legend(column, scale))
+    if "tokens" in rec:
+        cells = render.token_cells(rec, column, scale)
+        parts += [completion_html(cells), turns_html(rec), per_token_table(rec, cells, open_=False)]
+    else:
+        parts.append(f"<div class=\"completion\">{esc(rec.get('completion_text') or '')}</div>")
+    return f"<div class=\"sample\" data-sample-idx=\"{esc(rec.get('sample_idx'))}\">{''.join(parts)}</div>"
+
+
+def _finish(rec: dict[str, Any]) -> str:
+    """How the answer ended (stop, length; multi-turn: done, max_turns, tool_error ...), with its turns and calls."""
+    out = rec.get("finish_reason") or "-"
+    turns = rec.get("num_turns")
+    if (turns or 0) > 1 or rec.get("turns"):
+        calls = sum(len(t["tool_calls"]) for t in rec.get("turns") or [])
+        out += f" · {turns} turn{'s' if turns != 1 else ''}, {calls} tool call{'s' if calls != 1 else ''}"
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

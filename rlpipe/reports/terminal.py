@@ -117,7 +117,14 @@ def _print_rows(console: Any, data: dict[str, Any]) -> None:
             line = Text("  ")
             low = {t["position"] for t in rec.get("least_likely") or []}  # underlined, whatever the colour
             for cell in token_cells(rec, column, scale):
+                labels = [cell.turn_break, cell.turn_start and f"turn {cell.turn_start} (the policy's tokens)"]
+                if any(labels):  # multi-turn: each turn and each reply on lines of their own
+                    console.print(line, soft_wrap=True)
+                    for label in filter(None, labels):
+                        console.print(Text(f"    {label}", style="bold dim"), soft_wrap=True)
+                    line = Text("  ")
                 line.append(cell.text, style=Style(color="black" if cell.colour else None, bgcolor=cell.colour,
+                                                   italic=cell.observation or None,
                                                    underline=cell.position in low or None))
             console.print(line, soft_wrap=True)
             print_turns(console, rec)  # multi-turn rollouts: one line per turn (rlpipe/reports/turn_view.py)
