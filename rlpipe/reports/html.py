@@ -20,7 +20,7 @@ from rlpipe.reports import packed as packed_tokens
 from rlpipe.reports import render
 from rlpipe.reports.render import fmt
 from rlpipe.reports.token_script import SCRIPT
-from rlpipe.reports.turn_view import turn_summary_lines, turns_html
+from rlpipe.reports.turn_view import turn_start_label, turn_summary_lines, turns_html
 
 CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em; color: #222;
@@ -171,7 +171,8 @@ def _view_tag(column: str | None, scale: dict[str, Any] | None) -> str:
     view = {"color_by": column if scale else None, "scale": scale, "order": list(COLOR_COLUMNS),
             "eager_tokens": EAGER_TOKENS, "max_blend": render.MAX_BLEND,
             "colours": {"positive": render.POSITIVE, "negative": render.NEGATIVE, "surprise": render.SURPRISE,
-                        "magnitude": render.MAGNITUDE}}
+                        "magnitude": render.MAGNITUDE},
+            "observation": {"colour": render.OBSERVATION, "note": render.OBSERVATION_NOTE}}
     text = json.dumps(view, sort_keys=True, separators=(",", ":")).replace("</", "<\\/")
     return f"<script type=\"application/json\" id=\"rlpipe-view\">{text}</script>"
 
@@ -279,7 +280,7 @@ def completion_html(cells: list[render.TokenCell]) -> str:
         if cell.turn_break:  # multi-turn: the turn, its tool calls and their status, before the environment's reply
             spans.append(f"<div class=\"turn-sep\">{esc(cell.turn_break)}</div>")
         if cell.turn_start:  # and the model's next turn on a line of its own
-            spans.append(f"<div class=\"turn-start\">turn {cell.turn_start} (the policy's tokens)</div>")
+            spans.append(f"<div class=\"turn-start\">{esc(turn_start_label(cell.turn_start))}</div>")
         cls = "tok obs" if cell.observation else "tok"
         attrs = f" style=\"background:{cell.colour}\"" if cell.colour else ""
         # a newline is drawn as ⏎ and breaks the line right there, inside the token: a BPE token "\n    "

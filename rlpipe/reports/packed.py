@@ -9,7 +9,8 @@ blobs itself (DecompressionStream): no network, no library.
 Layout (``pack``): the shown rows' tokens one after another; ``offsets[k]`` is where row k starts.
 ``text`` is every token's visible text in UTF-8, ``lengths`` each token's length in UTF-16 code
 units (what a JavaScript string counts), ``ids`` the token ids (-1: none), ``environment`` 1 for the
-tokens a multi-turn rollout's environment wrote (only when there are some), and one array per
+tokens a multi-turn rollout's environment wrote and ``turns`` where each row's turn lines go (both only
+when there are some: see ``turn_lines``), and one array per
 per-token column (NaN: no value) in one of three precisions, the finest the page's budget allows:
 float32 ("f4", exact), float16 ("f2", 3 significant digits) or one byte of log-magnitude ("q8",
 ``log8``: 2 digits, the sign and 127 levels over the column's range of magnitudes). Random low bits
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from rlpipe.reports.render import visible
+from rlpipe.reports.turn_view import turn_marks, turn_separator, turn_start_label
 
 ELEMENT_ID = "rlpipe-tokens"
 FLOAT_TYPES = {"f4": np.dtype("<f4"), "f2": np.dtype("<f2")}
@@ -72,11 +74,14 @@ def token_arrays(records: list[dict[str, Any]], columns: list[str]) -> dict[str,
     environment: list[np.ndarray] = []
     offsets = [0]
     values: dict[str, list[np.ndarray]] = {c: [] for c in columns}
+    labels: dict[str, int] = {}
+    marks = []
     for rec in records:
         tokens = [visible(p) for p in rec.get("tokens") or []]
         pieces += tokens
         ids.append(_fitted(rec.get("token_ids"), len(tokens)))
         environment.append(_observations(rec.get("turns") or [], len(tokens)))
+        marks.append(turn_lines(rec, labels))
         for c in columns:
             values[c].append(_fitted((rec.get("per_token") or {}).get(c), len(tokens)))
         offsets.append(len(pieces))
@@ -88,7 +93,25 @@ def token_arrays(records: list[dict[str, Any]], columns: list[str]) -> dict[str,
     return {"offsets": offsets, "text": text, "lengths": lengths,
             "ids": np.nan_to_num(joined(ids), nan=-1).astype("<i4"),
             "environment": joined(environment).astype(np.uint8),
+            "turns": {"labels": list(labels), "marks": marks} if any(marks) else None,
             "values": {c: joined(v) for c, v in values.items()}}
+
+
+def turn_lines(rec: dict[str, Any], labels: dict[str, int]) -> list[list[int]]:
+    """Where a multi-turn row's turn lines go, as the page's script draws them before a token (the lines of
+    rlpipe.reports.html.completion_html): ``[position, separator, turn start]``, each line an index into
+    ``labels`` (-1: none). The separator names the turn's tool calls and their status; rollouts repeat
+    the same calls, so each distinct line is stored once.
+    """
+    _, breaks, starts = turn_marks(rec)
+    n = len(rec.get("tokens") or [])
+
+    def label(text: str) -> int:
+        return labels.setdefault(text, len(labels))
+
+    return [[p, label(turn_separator(breaks[p])) if p in breaks else -1,
+             label(turn_start_label(starts[p])) if p in starts else -1]
+            for p in sorted({*breaks, *starts}) if p < n]
 
 
 def _observations(turns: list[dict[str, Any]], n: int) -> np.ndarray:
@@ -129,6 +152,9 @@ def pack(arrays: dict[str, Any], columns: list[str], *, dtype: str, with_ids: bo
         blobs["ids"] = blob("ids", "", lambda: _planes(arrays["ids"]))
     if arrays["environment"].any():  # multi-turn: which tokens are the environment's (a bit, nearly free)
         blobs["environment"] = blob("environment", "", lambda: arrays["environment"].tobytes())
+    if arrays.get("turns"):  # and its turn lines: a few per row, their distinct texts once
+        blobs["turns"] = blob("turns", "", lambda: json.dumps(arrays["turns"], ensure_ascii=False,
+                                                              separators=(",", ":")).encode("utf-8"))
     scales = {}
     for c in columns:
         if dtype == "q8":
@@ -182,7 +208,8 @@ def _as_float(values: np.ndarray, dtype: str) -> np.ndarray:
 def unpack(page: str) -> dict[str, Any]:
     """The packed tokens of a page, decoded (what the page's script reads): for tests and scripts.
 
-    Returns ``{"offsets", "dtype", "columns", "pieces": [str], "ids": array or None, "values": {column: array}}``.
+    Returns ``{"offsets", "dtype", "columns", "pieces": [str], "ids": array or None, "values": {column: array},
+    "environment": array or None, "turns": {"labels", "marks"} or None}``.
     """
     found = re.search(f"<script type=\"application/json\" id=\"{ELEMENT_ID}\">(.*?)</script>", page, re.DOTALL)
     if found is None:
@@ -204,4 +231,5 @@ def unpack(page: str) -> dict[str, Any]:
                   else raw(f"column:{c}", FLOAT_TYPES[kind])) for c in manifest["columns"]}
     return {"offsets": manifest["offsets"], "dtype": kind, "columns": manifest["columns"], "pieces": pieces,
             "ids": raw("ids", np.dtype("<i4")) if manifest["ids"] else None, "values": values,
-            "environment": raw("environment", np.dtype("u1")) if "environment" in blobs else None}
+            "environment": raw("environment", np.dtype("u1")) if "environment" in blobs else None,
+            "turns": json.loads(gzip.decompress(base64.b64decode(blobs["turns"]))) if "turns" in blobs else None}

@@ -26,6 +26,7 @@ BETTER, WORSE = "#1a7f37", "#c62828"  # diff: a change for the better / the wors
 # A multi-turn rollout's environment tokens (tool results, the template between turns): one grey-blue whatever
 # --color-by says, never a colour of the scale, so the policy's tokens and the environment's never look alike.
 OBSERVATION = "#d5dde3"
+OBSERVATION_NOTE = "the environment's token (tool result or template), not the policy's: no values"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,7 +147,7 @@ class TokenCell:
         lines = [f"token {self.position}: {self.text!r}" + (f" (id {self.token_id})" if self.token_id is not None
                                                              else "")]
         if self.observation:
-            lines.append("the environment's token (tool result or template), not the policy's: no values")
+            lines.append(OBSERVATION_NOTE)
         lines += [f"{name} = {exact(v)}" for name, v in self.values.items()]
         return "\n".join(lines)
 

@@ -10,7 +10,7 @@ from typing import Any
 from rlpipe.reports.render import (BETTER, EXAMPLE_HEADER, FLIP_TABLES, LEGEND_NOTE, WORSE, Line, example_rows, change_word,
                            color_scale, diff_numbers, flip_lines, flip_title, fmt, group_header, grouped,
                            legend_range_note, legend_stops, row_header, run_lines, summary_lines, token_cells)
-from rlpipe.reports.turn_view import print_turns, turn_summary_lines
+from rlpipe.reports.turn_view import print_turns, turn_start_label, turn_summary_lines
 
 # ----------------------------------------------------------------------------------------------
 
@@ -117,7 +117,7 @@ def _print_rows(console: Any, data: dict[str, Any]) -> None:
             line = Text("  ")
             low = {t["position"] for t in rec.get("least_likely") or []}  # underlined, whatever the colour
             for cell in token_cells(rec, column, scale):
-                labels = [cell.turn_break, cell.turn_start and f"turn {cell.turn_start} (the policy's tokens)"]
+                labels = [cell.turn_break, cell.turn_start and turn_start_label(cell.turn_start)]
                 if any(labels):  # multi-turn: each turn and each reply on lines of their own
                     console.print(line, soft_wrap=True)
                     for label in filter(None, labels):

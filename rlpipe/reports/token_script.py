@@ -6,7 +6,10 @@ when its placeholder (``<div class="completion" data-row="K">``) comes near the 
 Each token is a ``<span class="tok">`` coloured on the page's scale (the colours of
 rlpipe.reports.render.token_color, computed here from the value), with every carried value in its
 tooltip; a newline token also breaks the line; the least likely sampled tokens carry ``data-low``
-(their rank), the tokens a multi-turn environment wrote ``data-env`` (for the page's CSS to set apart).
+(their rank). A multi-turn rollout is drawn as rlpipe.reports.html.completion_html draws it: the
+environment's tokens ``tok obs`` in the observation grey whatever the colouring, a ``turn-sep`` line
+(the turn, its tool calls and their status) before each reply, a ``turn-start`` line where the next
+model turn begins (the lines' texts come with the tokens, from rlpipe.reports.turn_view).
 The browser's own DecompressionStream inflates the data: no network, no library.
 """
 
@@ -105,7 +108,8 @@ SCRIPT = r"""
     }
     tokens = {offsets: pack.offsets, starts: starts, text: new TextDecoder().decode(got.text),
               ids: pack.ids ? new Int32Array(unplane(got.ids, 4)) : null, values: values,
-              environment: got.environment || null};
+              environment: got.environment || null,
+              turns: got.turns ? JSON.parse(new TextDecoder().decode(got.turns)) : null};
   }
   function piece(i) { return tokens.text.slice(tokens.starts[i], tokens.starts[i + 1]); }
   function lowRanks(div) {
@@ -113,25 +117,41 @@ SCRIPT = r"""
     (div.dataset.low || "").split(",").filter(Boolean).forEach((p, r) => ranks.set(Number(p), r + 1));
     return ranks;
   }
-  function tooltip(row, pos, i, rank) {
+  function tooltip(row, pos, i, rank, env) {
     const id = tokens.ids && tokens.ids[i] >= 0 ? " (id " + tokens.ids[i] + ")" : "";
     const lines = ["token " + pos + ": " + JSON.stringify(piece(i)) + id];
+    if (env) lines.push(view.observation.note);
     if (rank) lines.push("least likely token #" + rank + " of this sample");
     for (const c of view.order) if (c in tokens.values) lines.push(c + " = " + g(tokens.values[c][i]));
     return lines.join("\n");
   }
 
+  function turnLines(row) {  // multi-turn: position in the row -> [separator, turn start] (label indices, -1: none)
+    const lines = new Map();
+    if (tokens.turns) for (const [pos, sep, start] of tokens.turns.marks[row]) lines.set(pos, [sep, start]);
+    return lines;
+  }
+  function line(cls, label) {
+    const div = document.createElement("div");
+    div.className = cls;
+    div.textContent = tokens.turns.labels[label];
+    return div;
+  }
   function draw(div) {
     const row = Number(div.dataset.row), a = tokens.offsets[row], b = tokens.offsets[row + 1];
-    const ranks = lowRanks(div), shade = view.color_by && tokens.values[view.color_by];
+    const ranks = lowRanks(div), shade = view.color_by && tokens.values[view.color_by], turns = turnLines(row);
     const frag = document.createDocumentFragment();
     for (let i = a; i < b; i++) {
       const span = document.createElement("span"), text = piece(i), rank = ranks.get(i - a);
-      span.className = "tok";
-      if (shade) span.setAttribute("style", "background:" + colour(shade[i]));
+      const env = Boolean(tokens.environment && tokens.environment[i]);  // the environment's reply, not the policy's
+      const marks = turns.get(i - a);
+      if (marks && marks[0] >= 0) frag.appendChild(line("turn-sep", marks[0]));  // the turn, its tool calls
+      if (marks && marks[1] >= 0) frag.appendChild(line("turn-start", marks[1]));  // the next model turn
+      span.className = env ? "tok obs" : "tok";
+      if (env) span.setAttribute("style", "background:" + view.observation.colour);  // whatever the colouring
+      else if (shade) span.setAttribute("style", "background:" + colour(shade[i]));
       if (rank) span.setAttribute("data-low", String(rank));
-      if (tokens.environment && tokens.environment[i]) span.setAttribute("data-env", "1");  // an observation
-      span.title = tooltip(row, i - a, i, rank);
+      span.title = tooltip(row, i - a, i, rank, env);
       // a newline is drawn as ⏎ and breaks the line right there, inside the token: a BPE token "\n    "
       // ends one line and indents the next, so code and reasoning keep their structure
       const lines = text.split("\u23ce");

@@ -51,6 +51,11 @@ def turn_separator(turn: dict[str, Any]) -> str:
     return f"▸ turn {turn['turn'] + 1} → {calls} · the environment's reply follows (not the policy's tokens)"
 
 
+def turn_start_label(number: int) -> str:
+    """The line drawn where a later model turn (``number`` from 1) begins, after the environment's reply."""
+    return f"turn {number} (the policy's tokens)"
+
+
 def turn_marks(rec: dict[str, Any]) -> tuple[set[int], dict[int, dict[str, Any]], dict[int, int]]:
     """A shown row's observation token positions, the turn whose separator goes before a position (the
     environment's reply), and where each later model turn starts (position -> turn number from 1).

@@ -48,4 +48,4 @@ def test_inspect_shows_turns_and_colours_only_policy_tokens(tokenizer, tmp_path)
     # the 3 observation tokens carry no value: the page's script draws them uncoloured (white)
     tokens = unpack(page)
     assert np.isnan(tokens["values"]["sampler_logprobs"]).tolist() == [False] * 11 + [True] * 3 + [False] * 2
-    assert tokens["environment"].tolist() == [0] * 11 + [1] * 3 + [0] * 2  # drawn with data-env="1"
+    assert tokens["environment"].tolist() == [0] * 11 + [1] * 3 + [0] * 2  # drawn as `tok obs`, set apart

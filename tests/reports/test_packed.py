@@ -90,3 +90,24 @@ def test_budget_steps_float16_then_one_byte_then_columns_then_rows():
     packed, kept, notes = html.fit_tokens(data, 10_000)
     assert 1 <= kept < 20 and f"the page holds the first {kept} of the 20 rows asked for" in notes[-1]
     assert packed.size + sum(len(s.encode()) for s in html.row_skeletons(data, kept)) <= 10_000
+
+
+def test_multi_turn_rows_carry_their_environment_tokens_and_turn_lines_once():
+    """Two rollouts "ab" (turn 1, calls a tool) + "xy" (the environment's reply) + "c" (turn 2), and a
+    single-turn row between them: the reply's tokens are flagged, the separator before "x" and the turn-2
+    line before "c" are label indices, and the two rows' identical lines are stored once."""
+    from rlpipe.reports.turn_view import turn_records
+
+    call = {"turn": 0, "name": "add", "arguments": "1,2", "status": "timeout", "result": ""}
+    turns = turn_records({"policy_mask": [True, True, False, False, True], "turn_starts": [0, 4],
+                          "tool_calls": [call]})
+    multi = {"tokens": list("abxyc"), "token_ids": [1, 2, 3, 4, 5], "turns": turns, "per_token": {}}
+    single = {"tokens": ["z"], "token_ids": [6], "turns": [], "per_token": {}}
+    got = unpack(_page(pack(token_arrays([multi, single, multi], []), [], dtype="f4")))
+    assert got["environment"].tolist() == [0, 0, 1, 1, 0] + [0] + [0, 0, 1, 1, 0]
+    assert got["turns"] == {
+        "labels": [("▸ turn 1 → tool call add(1,2) → timeout · the environment's reply follows (not the "
+                    "policy's tokens)"), "turn 2 (the policy's tokens)"],
+        "marks": [[[2, 0, -1], [4, -1, 1]], [], [[2, 0, -1], [4, -1, 1]]]}
+    plain = unpack(_page(pack(token_arrays([single], []), [], dtype="f4")))
+    assert plain["environment"] is None and plain["turns"] is None  # single-turn pages carry neither

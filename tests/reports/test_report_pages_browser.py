@@ -1,7 +1,8 @@
 """`rlpipe inspect --html` and `rlpipe diff --html` pages opened in a real headless Chromium, network blocked.
 
-The pages have no script and load nothing; these tests check what a reader sees: the browser parses
-one coloured token per completion token and the per-token table, and the screenshot holds the
+The pages load nothing (the inspect page's own inline script draws its packed tokens); these tests
+check what a reader sees after it ran: the browser holds one coloured token per completion token and
+the per-token table, multi-turn rollouts drawn as a conversation, and the screenshot holds the
 advantage colours, the histogram bars and the better/worse colours (not a blank or unstyled page).
 """
 from __future__ import annotations
@@ -285,7 +286,8 @@ def test_multi_turn_rollouts_read_as_a_conversation(tmp_path):
     # read "certain", white, like the policy's near-certain tokens)
     obs = re.findall(rf'<span class="tok obs" style="background:{OBSERVATION}"[^>]*>([^<]*)</span>', dom)
     assert obs == ["=", "5", ";"]
-    assert len(re.findall(r'<span class="tok"', dom)) == 8 + 2  # the policy's: "c(2+3)" and "5." of #0, "5." of #1
+    # the policy's: "c(2+3)" and "5." of #0, "5." of #1 (token spans: their tooltips; the legend's span has none)
+    assert len(re.findall(r'<span class="tok"[^>]* title="token \d+', dom)) == 8 + 2
     seps = re.findall(r'<div class="turn-sep">([^<]*)</div>', dom)
     assert seps == [('▸ turn 1 → tool call calculator({"expr": "2+3"}) → ok: 5 · the environment\'s reply follows '
                      "(not the policy's tokens)")]
