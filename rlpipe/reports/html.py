@@ -269,9 +269,10 @@ def _text_height(pieces: list[str] | None) -> float:
     return lines * PLACEHOLDER_EM_PER_LINE
 
 
-def completion_html(cells: list[render.TokenCell]) -> str:
+def completion_html(cells: list[render.TokenCell], low: dict[int, int] | None = None) -> str:
     """A completion drawn in HTML, one ``<span class="tok">`` per token (for a page of one sample, `rlpipe view`'s;
-    the inspect page has its script draw the same from the packed tokens).
+    the inspect page has its script draw the same from the packed tokens); ``low``: the least likely
+    tokens' positions -> their rank, underlined (``data-low``).
 
     Multi-turn: the environment's tokens are ``tok obs`` (grey, italic) and a ``turn-sep`` line before each
     reply names the turn's tool calls and their status."""
@@ -282,7 +283,9 @@ def completion_html(cells: list[render.TokenCell]) -> str:
         if cell.turn_start:  # and the model's next turn on a line of its own
             spans.append(f"<div class=\"turn-start\">{esc(turn_start_label(cell.turn_start))}</div>")
         cls = "tok obs" if cell.observation else "tok"
+        rank = (low or {}).get(cell.position)
         attrs = f" style=\"background:{cell.colour}\"" if cell.colour else ""
+        attrs += f" data-low=\"{rank}\"" if rank else ""
         # a newline is drawn as ⏎ and breaks the line right there, inside the token: a BPE token "\n    "
         # ends one line and indents the next, so code and reasoning keep their structure
         text = esc(cell.text).replace("⏎", "⏎<br>")
@@ -417,7 +420,8 @@ def sample_html(rec: dict[str, Any], column: str | None) -> str:
         parts.append(_legend(column, scale))
     if "tokens" in rec:
         cells = render.token_cells(rec, column, scale)
-        parts += [completion_html(cells), turns_html(rec), per_token_table(rec, cells, open_=False)]
+        low = {t["position"]: rank for rank, t in enumerate(rec.get("least_likely") or [], start=1)}
+        parts += [completion_html(cells, low), turns_html(rec), per_token_table(rec, cells, open_=False)]
     else:
         parts.append(f"<div class=\"completion\">{esc(rec.get('completion_text') or '')}</div>")
     return f"<div class=\"sample\" data-sample-idx=\"{esc(rec.get('sample_idx'))}\">{''.join(parts)}</div>"

@@ -233,6 +233,22 @@ def test_least_likely_tokens_are_marked_whatever_the_colouring(tiny_view, tmp_pa
     assert browser.near(shot, LOW_MARK, tol=6) >= 10  # the underline under one digit
 
 
+def test_the_one_sample_view_underlines_the_least_likely_tokens_too(tiny_view, tmp_path):
+    """`rlpipe view`'s token view (html.sample_html, on the inspect page's CSS): sample (2, 0) "88", its second
+    8 sampled at log-prob -2, underlined as on the inspect page."""
+    from rlpipe.reports import html
+
+    rec = next(r for r in tiny_view[1]["rows"] if (r["prompt_id"], r["sample_idx"]) == (2, 0))
+    page = tmp_path / "sample.html"
+    page.write_text(html.page("one sample", html.sample_html(rec, "token_advantages")))
+    dom = browser.dump_dom(page)
+    span = r'<span class="tok" style="background:#[0-9a-f]{6}"( data-low="\d")? title="[^"]*">([^<]*)</span>'
+    drawn = re.findall(span, dom)
+    assert drawn == [("", "8"), (' data-low="1"', "8")]
+    shot = browser.colour_counts(browser.screenshot(page, tmp_path / "sample.png", height=600))
+    assert browser.near(shot, LOW_MARK, tol=6) >= 10  # the underline under one digit
+
+
 def test_reward_weights_beside_components_rebuild_the_reward(tiny_view, tmp_path):
     from rlpipe.reports import html
 
