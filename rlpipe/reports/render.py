@@ -188,10 +188,37 @@ class Line:
     bar: float | None = None
 
 
+def spread_decimals(std: float | None, significant: int = 3) -> int:
+    """Decimals that show ``significant`` digits of the spread: at least 3, more for a narrow one."""
+    if not std or not math.isfinite(std):
+        return 3
+    return max(3, significant - 1 - math.floor(math.log10(abs(std))))
+
+
+def fixed(v: Any, decimals: int) -> str:
+    """``v`` with exactly ``decimals`` decimals; a value that rounds to zero is "0.000", never "-0.000"."""
+    if v is None:
+        return "-"
+    text = f"{v:.{decimals}f}"
+    return f"{0.0:.{decimals}f}" if text.lstrip("-0.") == "" else text
+
+
 def _stat(s: dict[str, Any] | None) -> str:
+    """mean ± std [min, max] with one number of decimals, set by the spread: a mean that is zero by
+    construction (GRPO's advantages) reads 0.000, not -5.11e-10, and the decimal points line up."""
     if not s or s.get("mean") is None:
         return "-"
-    return f"{fmt(s['mean'])} ± {fmt(s['std'])}  [{fmt(s['min'])}, {fmt(s['max'])}]"
+    d = spread_decimals(s.get("std"))
+    return f"{fixed(s['mean'], d)} ± {fixed(s['std'], d)}  [{fixed(s['min'], d)}, {fixed(s['max'], d)}]"
+
+
+def version_note(version: int, iteration: int | None) -> str:
+    """The sampler's version, and why it may be below the iteration (overlapped iterations sample with an
+    older policy while the previous one trains; docs/overlap.md)."""
+    if iteration is None or version == iteration:
+        return fmt(version) + ("" if iteration is None else " (the policy this iteration starts from)")
+    return (f"{fmt(version)} (sampled by the policy {iteration - version} version(s) older than iteration "
+            f"{iteration}'s: overlapped iterations, policy.max_staleness)")
 
 
 def run_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
@@ -203,7 +230,8 @@ def run_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
     labels = {"iteration": "iteration (params.yaml)"}
     lines += [(labels.get(k, k), fmt(v)) for k, v in (run.get("params") or {}).items()]
     if run.get("policy_version") is not None:
-        lines.append(("policy version of the rows", fmt(run["policy_version"])))
+        lines.append(("policy version of the rows", version_note(run["policy_version"],
+                                                                 (run.get("params") or {}).get("iteration"))))
     if run.get("sampling"):
         engine = f", engine {run['engine']}" if run.get("engine") else ""
         lines.append(("sampling", ", ".join(f"{k} {fmt(v)}" for k, v in run["sampling"].items()) + engine))

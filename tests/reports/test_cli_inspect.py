@@ -131,7 +131,8 @@ def test_html_report_is_self_contained_with_prompt_legend_and_a_span_per_token(p
     assert "<span class=\"tok\"" not in text.split("<script")[0].split("<h2>Rollouts</h2>")[1]
     # run metadata: the options used, the estimator, the policy version, the commit (none here)
     for label, value in (("--where", "prompt_id = 1"), ("--sort", "(none)"), ("advantage.estimator", "grpo"),
-                         ("iteration (params.yaml)", "0"), ("policy version of the rows", "0"),
+                         ("iteration (params.yaml)", "0"),
+                         ("policy version of the rows", "0 (the policy this iteration starts from)"),
                          ("git commit", "- (not a git repository)")):
         assert f"<tr><th>{html.escape(label)}</th><td>{html.escape(value)}</td></tr>" in text, label
     # statistics keep the terminal's nesting; the histogram is one bar a line; honest counts

@@ -53,6 +53,29 @@ def test_numbers_never_print_negative_zero_and_diff_numbers_share_decimals():
     assert diff_numbers({"a": 0, "b": 0.5, "delta": 0.5})[0] == "0.0000"
 
 
+def test_a_statistic_has_one_number_of_decimals_set_by_its_spread():
+    """#34 item 5: a mean that is zero by construction reads 0, and a narrow spread keeps its digits."""
+    from rlpipe.reports.render import _stat, spread_decimals
+
+    assert _stat({"mean": -5.11e-10, "std": 0.775, "min": -1.5, "max": 1.5}) == "0.000 ± 0.775  [-1.500, 1.500]"
+    assert spread_decimals(0.775) == 3 and spread_decimals(0.00123) == 5 and spread_decimals(0.0) == 3
+    assert _stat({"mean": 0.5, "std": 0.00123, "min": 0.498, "max": 0.5021}) == "0.50000 ± 0.00123  [0.49800, 0.50210]"
+    assert _stat({"mean": None, "std": None, "min": None, "max": None}) == "-"
+
+
+def test_the_rows_policy_version_is_explained_beside_the_iteration():
+    from rlpipe.reports.render import run_lines
+
+    def version_line(iteration, version):
+        summary = {"source": "p", "view": "rollouts", "run": {"params": {"iteration": iteration},
+                                                              "policy_version": version}}
+        return dict(run_lines(summary))["policy version of the rows"]
+
+    assert version_line(3, 3) == "3 (the policy this iteration starts from)"
+    assert version_line(3, 2) == ("2 (sampled by the policy 1 version(s) older than iteration 3's: overlapped "
+                                  "iterations, policy.max_staleness)")
+
+
 def test_summary_lines_nest_components_and_split_histograms():
     summary = {"rows_selected": 8, "rows_total": 8, "reward": {"mean": 1.0, "std": 0.5, "min": 0.0, "max": 1.5},
                "components": {"exact": {"mean": 0.5, "std": 0.5, "min": 0.0, "max": 1.0}},
