@@ -94,7 +94,9 @@ def _stats_table(lines: list[render.Line]) -> str:
     for line in lines:
         bar = (f"<span class=\"bar\" style=\"width:{max(2, round(200 * line.bar))}px\"></span>"
                if line.bar is not None else "")
-        rows.append(f"<tr class=\"lvl{line.level}\"><th>{esc(line.label)}</th><td>{bar}{esc(line.value)}</td></tr>")
+        tip = render.STAT_HELP.get(line.label.split(" (")[0], "")
+        title = f" title=\"{esc(tip)}\"" if tip else ""
+        rows.append(f"<tr class=\"lvl{line.level}\"><th{title}>{esc(line.label)}</th><td>{bar}{esc(line.value)}</td></tr>")
     return "<table class=\"kv stats\">" + "".join(rows) + "</table>"
 
 
@@ -103,9 +105,12 @@ def _artifacts(summary: dict[str, Any]) -> list[str]:
     for a in summary["artifacts"]:
         head = (f"<b>{esc(a['role'])}</b> · <code>{esc(a['path'])}</code> · {a['rows']} rows · policy version "
                 f"{esc(fmt(a['policy_version']))} · {len(a['columns'])} columns")
-        cols = "".join(f"<tr><td>{esc(c)}</td><td>{esc(t)}</td></tr>" for c, t in a["columns"].items())
+        docs = render.column_docs(a.get("artifact"), list(a["columns"]))
+        cols = "".join(f"<tr><td title=\"{esc(docs.get(c, ''))}\">{esc(c)}</td><td>{esc(t)}</td>"
+                       f"<td>{esc(docs.get(c, ''))}</td></tr>" for c, t in a["columns"].items())
         parts.append(f"<details class=\"artifact\"><summary>{head}</summary><table class=\"columns\">"
-                     f"<tr><th>column</th><th>dtype</th></tr>{cols}</table></details>")
+                     f"<tr><th>column</th><th>dtype</th><th>meaning (rlpipe.data.schema)</th></tr>{cols}</table>"
+                     "</details>")
     parts += [f"<p class=\"dim\">not found: {esc(r)} ({esc(p)})</p>" for r, p in summary.get("missing", {}).items()]
     return parts
 

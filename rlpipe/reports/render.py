@@ -188,6 +188,43 @@ class Line:
     bar: float | None = None
 
 
+# What each statistic of `summary_lines` means (the page's tooltip on its label), keyed by the label up to " (".
+STAT_HELP = {
+    "rows": "Rows of the joined tables that --where selected, of all rows; the rows drawn below are a subset.",
+    "reward": "The weighted sum of the reward components (score.rewards), per sample.",
+    "accuracy": "Share of samples whose answer the task judged correct (rows without a judgement left out).",
+    "groups": "Samples of one prompt form a group; GRPO-style estimators compare a sample with its group.",
+    "zero-variance group share": "Groups whose samples all got the same reward: no learning signal from them.",
+    "group reward mean": "The mean reward of each group, summarised over the groups.",
+    "within-group reward std": "The spread of rewards inside a group, averaged over the groups.",
+    "groups by number correct": "How many groups had k correct samples out of their size.",
+    "advantage": "The sequence advantage A_i the loss uses (advantage stage); GRPO's is zero-mean by construction.",
+    "token advantage": "Per-token advantages (GAE, REINFORCE++): each token its own value.",
+    "filtered out of the loss": "Rows the advantage stage left out of the loss, by reason.",
+    "completion length": "Completion tokens per sample; the histogram keeps empty bins.",
+    "truncation rate": "Share of samples that hit the token limit before an end-of-sequence token.",
+    "scorer errors": "Samples whose reward function raised or timed out, by the error's kind.",
+    "sampler vs trainer |old - sampler| log-prob": "How far the trainer's pi_old log-probs are from the sampler's "
+                                                  "for the same tokens: engine mismatch or staleness.",
+    "KL(sampler || ref)": "KL of the sampling policy from the reference, estimated on the sampled tokens "
+                          "(k1: mean log-ratio; k3: exp(-r) + r - 1, never negative).",
+    "entropy": "Mean entropy of pi_old's next-token distribution over the policy's tokens (train's token stats).",
+    "log pi_new - log pi_old": "Mean change of the sampled tokens' log-probs over this iteration's updates.",
+}
+
+
+def column_docs(artifact: str | None, columns: list[str]) -> dict[str, str]:
+    """What each stored column means, from rlpipe.data.schema (the one place it is written)."""
+    from rlpipe.data.schema import ARTIFACTS
+
+    schema = ARTIFACTS.get(str(artifact))
+    if schema is None:
+        return {}
+    docs = {c: schema.column_by_name[c].doc for c in columns if c in schema.column_by_name}
+    docs.update({c: schema.dynamic_doc for c in columns if c not in docs and schema.is_dynamic(c)})
+    return docs
+
+
 def spread_decimals(std: float | None, significant: int = 3) -> int:
     """Decimals that show ``significant`` digits of the spread: at least 3, more for a narrow one."""
     if not std or not math.isfinite(std):

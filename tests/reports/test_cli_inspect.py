@@ -115,6 +115,11 @@ def test_html_report_is_self_contained_with_prompt_legend_and_a_span_per_token(p
     assert 'class="legend"' in text and "colour = <b>sampler_logprobs</b>" in text
     assert "the 99th percentile of the lowest values over the 4 shown tokens" in text
     assert "reward 1.500" in text and "adv +0.707" in text
+    # every label explained: statistics by their tooltip, stored columns by the schema's description
+    from rlpipe.data.schema import ROLLOUTS
+    from rlpipe.reports.render import STAT_HELP
+    assert f'<th title="{html.escape(STAT_HELP["reward"])}">reward (mean ± std [min, max])</th>' in text
+    assert html.escape(ROLLOUTS.column_by_name["sampler_logprobs"].doc) in text
     # each token stored once, packed: its text, its id and every per-token value, float32 on a small page
     tokens = unpack(text)
     assert tokens["offsets"] == [0, 2, 4] and tokens["pieces"] == ["5", "<eos>", "4", "<eos>"]
@@ -136,7 +141,8 @@ def test_html_report_is_self_contained_with_prompt_legend_and_a_span_per_token(p
                          ("git commit", "- (not a git repository)")):
         assert f"<tr><th>{html.escape(label)}</th><td>{html.escape(value)}</td></tr>" in text, label
     # statistics keep the terminal's nesting; the histogram is one bar a line; honest counts
-    assert '<tr class="lvl0"><th>rows</th><td>2 selected of 6 (by --where); 2 shown below</td></tr>' in text
+    assert (f'<tr class="lvl0"><th title="{html.escape(STAT_HELP["rows"])}">rows</th><td>2 selected of 6 (by --where); '
+            '2 shown below</td></tr>') in text
     assert '<tr class="lvl1"><th>reward_exact_answer</th>' in text
     assert ('<tr class="lvl2"><th>1/2 correct</th><td><span class="bar" style="width:200px"></span>1 group(s)'
             '</td></tr>') in text
@@ -146,7 +152,8 @@ def test_html_report_is_self_contained_with_prompt_legend_and_a_span_per_token(p
                         r'\((\d) tokens\)</summary></details>', text)
     assert tables == [("0", "", "0", "2"), ("1", "", "1", "2")]
     # the artifacts' columns: one per line, not a run of tiny text
-    assert "<tr><td>completion_token_ids</td><td>List(Int32)</td></tr>" in text
+    doc = html.escape(ROLLOUTS.column_by_name["completion_token_ids"].doc)
+    assert f'<tr><td title="{doc}">completion_token_ids</td><td>List(Int32)</td><td>{doc}</td></tr>' in text
     assert "Statistics" in text and "Artifacts" in text
 
 

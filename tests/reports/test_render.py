@@ -130,3 +130,27 @@ def test_token_cells_mark_the_environments_tokens_and_the_turn_boundaries():
     assert "the environment's token" in cells[2].tooltip() and "the environment's" not in cells[0].tooltip()
     single = token_cells({"tokens": ["a"], "turns": [], "per_token": {}}, None, None)[0]
     assert (single.observation, single.turn_break, single.turn_start, single.colour) == (False, None, None, None)
+
+
+def test_every_statistic_and_column_label_is_explained():
+    """#34 item 5: each statistic's label has a tooltip, each stored column its schema description."""
+    from rlpipe.data.schema import ROLLOUTS, SCORES
+    from rlpipe.reports.render import STAT_HELP, column_docs
+
+    stat = {"mean": 0.5, "std": 0.5, "min": 0.0, "max": 1.0}
+    summary = {"rows_selected": 8, "rows_total": 8, "reward": stat, "components": {}, "accuracy": 0.5,
+               "groups": {"count": 4, "size_mean": 2.0, "singletons": 0, "zero_variance_share": 0.25,
+                          "group_mean": stat, "within_group_std_mean": 0.3,
+                          "correct_per_group": [{"correct": 1, "of": 2, "groups": 4}]},
+               "advantage": stat, "filtered": {"zero_variance": 2}, "truncation_rate": 0.0, "scorer_errors": {},
+               "length": {**stat, "p50": 1, "p90": 1, "histogram": []},
+               "logprob_mismatch": {"mean_abs": 0.0, "max_abs": 0.0}, "kl_ref": {"k1": 0.0, "k3": 0.0, "tokens": 3},
+               "entropy_mean": 0.1, "train_log_ratio_mean": 0.0}
+    labels = [line.label for line in summary_lines(summary) if line.level < 2]
+    assert len(labels) == 17
+    assert [label for label in labels if label.split(" (")[0] not in STAT_HELP] == []
+    docs = column_docs("rollouts", ["prompt_id", "sampler_logprobs", "not_a_column"])
+    assert docs == {"prompt_id": ROLLOUTS.column_by_name["prompt_id"].doc,
+                    "sampler_logprobs": ROLLOUTS.column_by_name["sampler_logprobs"].doc}
+    assert column_docs("scores", ["reward_exact"]) == {"reward_exact": SCORES.dynamic_doc}
+    assert column_docs(None, ["prompt_id"]) == {}
