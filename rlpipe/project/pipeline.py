@@ -24,8 +24,8 @@ from rlpipe.errors import ConfigError
 from rlpipe.project.sources import UserReward
 from rlpipe.run.params_file import set_params
 
-MODEL_KEYS = ("policy.path", "policy.latest_path", "reference.path", "critic.path", "reward_model.init",
-              "prepare.files.tokenizer_path")
+MODEL_KEYS = ("paths.model_dir", "policy.path", "policy.latest_path", "reference.path", "critic.path",
+              "reward_model.init", "prepare.files.tokenizer_path")  # paths.model_dir: the starting policy (baseline)
 DEVICE_KEYS = ("generate", "reference_logprob", "values", "train", "reward_model", "evaluate")
 
 
