@@ -64,6 +64,8 @@ class PathsConfig:
     metrics_dir: str
     plots_dir: str
     history: str
+    # the baseline stage's eval rollouts (the starting model's); the default for older params files
+    baseline_eval_rollouts: str = "artifacts/baseline/eval_rollouts.parquet"
 
 
 @dataclass(frozen=True)
@@ -360,6 +362,9 @@ class EvaluateConfig:
     batch_size: int
     device: str
     dtype: Literal["float32", "bfloat16", "float16"]
+    # prompt columns (difficulty, data_source, ...: the user's columns of the eval file) to report accuracy, mean
+    # reward and length per value of, as verl reports validation metrics per data_source; () for older params files
+    metrics_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,11 @@ from rlpipe.data.io import atomic_path
 from rlpipe.errors import ArtifactError
 
 HISTORY_CSV = "iterations.csv"  # under paths.plots_dir; dvc.yaml's top-level plots name this file
+# The eval series under paths.plots_dir: the starting model's eval (the baseline row, at iteration -1) and then each
+# iteration's. Apart from iterations.csv because a DVC plot draws a missing value as 0: the baseline row has no
+# train numbers, and in one file every train curve would start with a false 0.
+EVAL_CSV = "eval.csv"
+BASELINE_ITERATION = -1  # the baseline row's place on the iteration axis: before iteration 0's training
 
 
 def read_history(path: str | Path) -> list[dict[str, Any]]:
@@ -35,9 +40,32 @@ def read_history(path: str | Path) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r.get("iteration", 0))
 
 
-def write_history_csv(history: str | Path, out: str | Path) -> Path:
-    """Rewrite ``out`` from the history file: one row per iteration, ``iteration`` first, other keys sorted."""
+def eval_numbers(evaluate: dict[str, Any]) -> dict[str, Any]:
+    """An evaluate metrics file's numbers in a history row: accuracy, mean reward and, per value of each
+    evaluate.metrics_by column, the accuracy as ``eval_accuracy[difficulty=hard]``."""
+    row = {"eval_accuracy": evaluate["accuracy"], "eval_reward_mean": evaluate["reward_mean"]}
+    for column, values in sorted((evaluate.get("accuracy_by") or {}).items()):
+        row.update({f"eval_accuracy[{column}={value}]": accuracy for value, accuracy in values.items()})
+    return row
+
+
+def baseline_row(baseline: dict[str, Any]) -> dict[str, Any]:
+    """The history row of the baseline stage's eval (the starting model), at ``BASELINE_ITERATION``."""
+    return {"iteration": BASELINE_ITERATION, "baseline": True, "policy_version": 0, **eval_numbers(baseline)}
+
+
+def write_history_csv(history: str | Path, out: str | Path, eval_out: str | Path | None = None) -> Path:
+    """Rewrite ``out`` from the history file: one row per iteration, ``iteration`` first, other keys sorted;
+    and ``eval_out`` (when given): the eval numbers of every row, the baseline's first."""
     rows = read_history(history)
+    if eval_out is not None:
+        write_rows([{k: v for k, v in r.items() if k == "iteration" or k.startswith("eval_")} for r in rows],
+                   eval_out)
+    return write_rows([r for r in rows if not r.get("baseline")], out)
+
+
+def write_rows(rows: list[dict[str, Any]], out: str | Path) -> Path:
+    """``rows`` as a CSV: ``iteration`` first, other keys sorted, a missing value empty."""
     keys = sorted({k for r in rows for k in r if k != "iteration"})
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=["iteration", *keys], lineterminator="\n")
