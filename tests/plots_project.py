@@ -1,8 +1,8 @@
 """A DVC project with this repository's dvc.yaml and params.yaml and hand-made plot data, no `dvc repro`.
 
 `dvc plots show` reads only the plot files that dvc.yaml names, so the charts of a real run can be
-drawn in a second: ``ITERATIONS`` rows of plots/iterations.csv (written by rlpipe.run.history, as
-`rlpipe iterate` writes it) and ``STEPS`` rows of plots/train_steps.csv (rlpipe.training.report's
+drawn in a second: ``ITERATIONS`` rows of plots/iterations.csv and, the baseline's first, plots/eval.csv
+(written by rlpipe.run.history, as `rlpipe iterate` writes them) and ``STEPS`` rows of plots/train_steps.csv (rlpipe.training.report's
 columns). Every chart of dvc.yaml then has data: 9 charts.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlpipe.run.history import write_history_csv
+from rlpipe.run.history import baseline_row, write_history_csv
 from rlpipe.training.report import write_steps_csv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +44,8 @@ def make_plots_project(root: Path) -> Path:
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=root, check=True)
     history = root / "history" / "iterations.jsonl"
     history.parent.mkdir(parents=True, exist_ok=True)
-    history.write_text("".join(json.dumps(r) + "\n" for r in history_rows()))
-    write_history_csv(history, root / "plots" / "iterations.csv")
+    baseline = baseline_row({"accuracy": 0.32, "reward_mean": 0.7})  # the starting model's eval, at iteration -1
+    history.write_text("".join(json.dumps(r) + "\n" for r in [baseline, *history_rows()]))
+    write_history_csv(history, root / "plots" / "iterations.csv", root / "plots" / "eval.csv")
     write_steps_csv(str(root / "plots" / "train_steps.csv"), step_rows())
     return root
