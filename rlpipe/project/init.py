@@ -140,15 +140,13 @@ def _fitting(model_dir: Path, settings: dict[str, Any], defaults: dict[str, Any]
     num_parameters = sizing.count_parameters(model_dir)
     group = settings.get("generate.group_size", defaults["generate"]["group_size"])
     prompts = settings.get("generate.prompts_per_iteration", defaults["generate"]["prompts_per_iteration"])
-    fitting = {k: v for k, v in sizing.fitting_settings(num_parameters, samples_per_iteration=prompts * group).items()
-               if k not in settings}
+    chosen = {} if num_parameters is None else sizing.fitting_settings(
+        num_parameters, samples_per_iteration=prompts * group, micro_batch_size=settings.get("train.micro_batch_size"))
+    fitting = {k: v for k, v in chosen.items() if k not in settings}
+    if "train.minibatch_size" in settings and "train.micro_batch_size" in fitting:  # never above the user's mini-batch
+        fitting["train.micro_batch_size"] = min(fitting["train.micro_batch_size"], settings["train.minibatch_size"])
     kept = {"train.lr": defaults["train"]["lr"], "train.epochs": defaults["train"]["epochs"]}
-    merged = {**fitting, **settings}
-    micro, mini = merged.get("train.micro_batch_size"), merged.get("train.minibatch_size")
-    if fitting and micro is not None and mini is not None and micro > mini:  # one was the user's: it wins
-        key = "train.micro_batch_size" if "train.minibatch_size" in settings else "train.minibatch_size"
-        merged[key] = fitting[key] = mini if key == "train.micro_batch_size" else micro
-    return merged, sizing.describe(num_parameters, fitting, kept)
+    return {**fitting, **settings}, sizing.describe(num_parameters, fitting, kept)
 
 
 def refresh_stages(dest: str | Path) -> list[str]:
