@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 STEPS_PER_ITERATION = 4  # verl's examples: a batch of 1024 prompts, mini-batches of 256
 
 

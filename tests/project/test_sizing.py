@@ -36,12 +36,12 @@ def test_bands_follow_trl_and_verl_from_100m_and_keep_rlpipes_below():
 
 
 @pytest.mark.parametrize("count, line", [
-    (527_000, "model: 0.53M parameters (under 100M parameters): kept rlpipe's defaults, tuned on the tiny default; "
-              "no RL framework publishes settings this small (train.lr 0.0001, train.epochs 2); if the rewards do not "
-              "move, raise train.lr (docs/your-own-model.md)"),
-    (1_540_000_000, "model: 1.54B parameters (1B-10B parameters): train.lr 1e-06, train.epochs 1, "
-                    "train.micro_batch_size 8, train.gradient_checkpointing True, train.minibatch_size 1024, from "
-                    "TRL's GRPOConfig and verl's Qwen2.5-3B/7B examples (docs/your-own-model.md)"),
+    (527_000, ("model: 0.53M parameters (under 100M parameters): kept rlpipe's defaults, tuned on the tiny default; "
+               "no RL framework publishes settings this small (train.lr 0.0001, train.epochs 2); if the rewards do not "
+               "move, raise train.lr (docs/your-own-model.md)")),
+    (1_540_000_000, ("model: 1.54B parameters (1B-10B parameters): train.lr 1e-06, train.epochs 1, "
+                     "train.micro_batch_size 8, train.gradient_checkpointing True, train.minibatch_size 1024, from "
+                     "TRL's GRPOConfig and verl's Qwen2.5-3B/7B examples (docs/your-own-model.md)")),
 ])
 def test_init_says_what_it_chose_and_why(count, line):
     chosen = fitting_settings(count, samples_per_iteration=4096)

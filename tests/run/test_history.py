@@ -5,7 +5,12 @@ import json
 import pytest
 
 from rlpipe.errors import ArtifactError
-from rlpipe.run.history import baseline_row, eval_numbers, read_history, write_history_csv
+from rlpipe.run.history import (
+    baseline_row,
+    eval_numbers,
+    read_history,
+    write_history_csv,
+)
 
 
 def test_csv_has_one_row_per_iteration_sorted(tmp_path):
