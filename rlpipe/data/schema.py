@@ -113,8 +113,8 @@ PROMPTS = ArtifactSchema(
     footer=((PROMPT_MESSAGES_KEY, "conversational files only: the `metadata` field holding each prompt's "
                                   "{role, content} messages (the file's prompt column)"),),
     user_columns_doc="Every other column of the user's prompt file (`difficulty`, `source`, ...), typed as the file "
-                     "has it: one join on prompt_id away from every per-sample table (docs/schema.md, \"The rollout "
-                     "view\"). Not the prompt column (`prompt` holds it rendered, `metadata` as given), nor an "
+                     "has it: one join on prompt_id away from every per-sample table (the rollout view: docs/inspect.md, "
+                     "rlpipe/data/view.py). Not the prompt column (`prompt` holds it rendered, `metadata` as given), nor an "
                      "answer column named `answer`; a name an rlpipe table uses gets the prefix `user_`.",
 )
 
