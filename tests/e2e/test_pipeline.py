@@ -18,6 +18,8 @@ pytestmark = pytest.mark.slow
 
 STAGES = ["prepare", "generate", "train_reward_model", "score", "reference_logprob", "values", "advantage", "train",
           "evaluate"]
+# dvc.yaml's stages in its order: also the params check (runs whenever params.yaml changes) and the baseline (once)
+ALL_STAGES = ["check_params", *STAGES, "baseline"]
 ARTIFACTS = {
     "artifacts/prepare/train_prompts.parquet": PROMPTS,
     "artifacts/prepare/eval_prompts.parquet": PROMPTS,
