@@ -42,10 +42,11 @@ def read_history(path: str | Path) -> list[dict[str, Any]]:
 
 def eval_numbers(evaluate: dict[str, Any]) -> dict[str, Any]:
     """An evaluate metrics file's numbers in a history row: accuracy, mean reward and, per value of each
-    evaluate.metrics_by column, the accuracy as ``eval_accuracy[difficulty=hard]``."""
+    evaluate.metrics_by column, the accuracy as ``eval_accuracy/difficulty/hard`` (characters every tracker takes in
+    a metric name: MLflow refuses brackets and "=")."""
     row = {"eval_accuracy": evaluate["accuracy"], "eval_reward_mean": evaluate["reward_mean"]}
     for column, values in sorted((evaluate.get("accuracy_by") or {}).items()):
-        row.update({f"eval_accuracy[{column}={value}]": accuracy for value, accuracy in values.items()})
+        row.update({f"eval_accuracy/{column}/{value}": accuracy for value, accuracy in values.items()})
     return row
 
 
