@@ -32,3 +32,21 @@ def test_a_column_the_table_lacks_or_of_lists_is_refused_naming_the_setting():
         check_metrics_by(PROMPTS, ["level", "dificulty"])
     with pytest.raises(ConfigError, match=r"evaluate.metrics_by: column 'tags' holds List\(String\)"):
         check_metrics_by(PROMPTS, ["tags"])
+
+
+def test_the_closing_line_says_what_was_evaluated():
+    """Run by hand on another model dir, evaluate no longer claims the iteration was trained and evaluated."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("stage_evaluate", Path(__file__).resolve().parents[2]
+                                                  / "stages/evaluate.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.closing_line(12, 13, "artifacts/train/checkpoint", baseline=False).startswith(
+        "rlpipe: iteration 12 trained and evaluated; next:")
+    assert script.closing_line(12, 0, "models/base", baseline=True).startswith("rlpipe: the starting model evaluated")
+    assert script.closing_line(12, None, "/tmp/other", baseline=False) == (
+        "rlpipe: evaluated /tmp/other (policy version unknown)")
+    assert script.closing_line(12, 3, "state/policy", baseline=False) == (
+        "rlpipe: evaluated state/policy (policy version 3)")
