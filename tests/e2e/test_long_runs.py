@@ -228,7 +228,7 @@ def test_old_checkpoints_leave_the_cache_metrics_and_tables_stay(reproduced, uni
     run(["dvc", "gc", "--all-tags", "--all-branches", "--force"], root)  # the documented dvc gc: keeps every tag's
 
     history = [json.loads(x) for x in (root / "history/iterations.jsonl").read_text().splitlines()]
-    assert [h["iteration"] for h in history] == [0, 1, 2]
+    assert [h["iteration"] for h in history] == [-1, 0, 1, 2]  # the baseline row first
     assert metrics_at(root, "iteration-0", "evaluate") == json.loads((reproduced / "metrics/evaluate.json").read_text())
 
     run(["git", "checkout", "-q", "iteration-0"], root)

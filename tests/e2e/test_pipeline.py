@@ -250,7 +250,7 @@ def test_run_command_runs_n_iterations_and_resumes(project_copy):
     assert "iteration 0 is already reproduced" in out
     assert "iteration 0:" in out and "iteration 1:" in out
     history = [json.loads(x) for x in (root / "history/iterations.jsonl").read_text().splitlines()]
-    assert [h["iteration"] for h in history] == [0, 1]
+    assert [h["iteration"] for h in history] == [-1, 0, 1]  # the starting model's eval (baseline stage) first
     assert all(0.0 <= h["eval_accuracy"] <= 1.0 for h in history)
     tags = run(["git", "tag"], root).stdout.split()
     assert tags == ["iteration-0", "iteration-1"]

@@ -33,7 +33,7 @@ def test_one_iteration_without_dvc_is_byte_identical(reproduced, tmp_path):
                                           "policy.path": model, "policy.latest_path": model, "reference.path": model, "critic.path": model,
                                           "reward_model.init": model})
     for name, cmd in stage_commands(reproduced / "dvc.yaml", scratch / "params.yaml").items():
-        assert str(out) in cmd, name
+        assert str(out) in cmd or name == "check_params", name  # the check reads params.yaml alone
         run(shlex.split(cmd), scratch)
 
     assert not (scratch / ".dvc").exists() and not (out / ".dvc").exists()
