@@ -9,8 +9,8 @@ hundred steps; RL frameworks train real models at 1e-6. The values below are the
   ``ppo_epochs=1``).
 - 4 optimizer steps per iteration: verl's examples split each batch of 1024 prompts into mini-batches of 256
   (``ppo_mini_batch_size``), so mini-batch = a quarter of the iteration's samples.
-- micro-batches that shrink with the model, with gradient checkpointing from 1B on: verl's examples run 16-40
-  sequences per GPU forward for 0.5B and 8-16 for 7B (``ppo_micro_batch_size_per_gpu``), checkpointing on.
+- gradient checkpointing from 1B on, as verl's 7B examples have it; micro-batches that halve with each band are
+  rlpipe's own choice (verl's examples run 4 to 40 sequences per GPU forward, by GPU and lengths).
 
 Below 100M parameters no framework publishes RL settings: such a project keeps rlpipe's own, the tiny
 default's, and `rlpipe init` says so.
@@ -45,7 +45,7 @@ BANDS = (
              "TRL's GRPOConfig and verl's Qwen2.5-3B/7B examples"),
     SizeBand(math.inf, "10B parameters or more", {"train.lr": 1e-6, "train.epochs": 1, "train.micro_batch_size": 4,
                                                   "train.gradient_checkpointing": True},
-             "TRL's GRPOConfig and verl's 14B-32B examples"),
+             "TRL's GRPOConfig and verl's 32B DAPO recipe"),
 )
 
 
