@@ -21,6 +21,7 @@ HEADLINE_KEYS: dict[str, tuple[str, ...]] = {
     "train": ("kl_ref", "approx_kl_old", "clip_fraction"),
     "evaluate": ("accuracy", "reward_mean", "length_mean", "accuracy_by"),  # accuracy_by: evaluate.metrics_by's
 }
+HEADLINE_KEYS["baseline"] = HEADLINE_KEYS["evaluate"]  # the evaluate script on the starting model (dvc.yaml)
 
 
 # The full metrics files dvc.yaml's stages write, by name (a test keeps them in step with dvc.yaml): only these get

@@ -78,7 +78,7 @@ def test_metrics_plots_and_diff_after_iterate(project_copy):
     assert len(shown) == 1  # the workspace (its key is "" or "workspace", depending on the DVC version)
     workspace = next(iter(shown.values()))["data"]
     # the headline only (rlpipe/stages/headline.py): one row per stage, nine columns; the rest stays in metrics/<stage>.json
-    assert set(workspace) == {f"metrics/headline/{s}.json" for s in STAGES}
+    assert set(workspace) == {f"metrics/headline/{s}.json" for s in [*STAGES, "baseline"]}  # baseline: evaluate's
     columns = {key for f in workspace.values() for key in f["data"]}
     assert columns == {"accuracy", "reward_mean", "length_mean", "truncation_rate", "zero_variance_fraction",
                        "kl_ref", "approx_kl_old", "clip_fraction", "seconds"}
