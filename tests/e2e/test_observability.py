@@ -92,7 +92,11 @@ def test_metrics_plots_and_diff_after_iterate(project_copy):
     assert "errors" not in plots, plots.get("errors")
     assert set(plots["data"]) == set(ITERATION_PLOTS + STEP_PLOTS)
     accuracy = plots["data"][ITERATION_PLOTS[0]][0]["content"]["data"]["values"]
-    assert {v["field"] for v in accuracy} == {"eval_accuracy", "train_accuracy"}
+    assert {v["filename::field"] for v in accuracy} == {"eval.csv::eval_accuracy", "iterations.csv::train_accuracy"}
+    evals = [(v["iteration"], v["eval_accuracy"]) for v in accuracy if v["filename::field"] == "eval.csv::eval_accuracy"]
+    # the eval curve starts with the starting model (the baseline stage, iteration -1), then iteration 0's
+    assert evals == [("-1", str(read_json(root / "metrics/baseline.json")["accuracy"])),
+                     ("0", str(read_json(root / "metrics/evaluate.json")["accuracy"]))]
     steps = plots["data"]["plots/train_steps.csv"][0]["content"]
     assert steps["encoding"]["x"]["field"] == "step" and len(steps["data"]["values"]) == 4
     diffed = json.loads(run(["dvc", "plots", "diff", "iteration-0", "--json"], root).stdout)
