@@ -45,7 +45,7 @@ def git(root: Path, *args: str) -> str:
 def artifact_outs(root: Path) -> dict[str, str]:
     """dvc.lock's hashes of the artifacts (metrics JSON hold wall times, so they differ run to run)."""
     lock = yaml.safe_load((root / "dvc.lock").read_text())
-    return {o["path"]: o["md5"] for s in lock["stages"].values() for o in s["outs"] if o["path"].startswith("artifacts/")}
+    return {o["path"]: o["md5"] for s in lock["stages"].values() for o in s.get("outs", []) if o["path"].startswith("artifacts/")}
 
 
 def assert_same_run(root: Path, reference: Path) -> None:
