@@ -78,7 +78,7 @@ def curve(prepared: Path, work: Path, name: str, updates: dict[str, object], ite
             "seconds_per_iteration": (time.time() - start) / iterations}
 
 
-def measured(iterations: int, name: str) -> dict:
+def measured(iterations: int, name: str, command: str | None = None) -> dict:
     """Where and from what a run came: the docs cite it, and a rerun of one name replaces only that run."""
     import platform
 
@@ -87,14 +87,14 @@ def measured(iterations: int, name: str) -> dict:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     return {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
             "torch": torch.__version__, "commit": commit,
-            "command": f"python benchmarks/algorithm_curves.py --iterations {iterations} --algorithms {name}"}
+            "command": command or f"python benchmarks/algorithm_curves.py --iterations {iterations} --algorithms {name}"}
 
 
-def merge_results(path: Path, results: list[dict], *, iterations: int) -> None:
+def merge_results(path: Path, results: list[dict], *, iterations: int, command: str | None = None) -> None:
     """Add or replace these runs (by name) in the results file, written atomically."""
     data = json.loads(path.read_text()) if path.exists() else {"runs": {}}
     for r in results:
-        data["runs"][r["name"]] = {**r, "measured": measured(iterations, r["name"])}
+        data["runs"][r["name"]] = {**r, "measured": measured(iterations, r["name"], command)}
     data["runs"] = dict(sorted(data["runs"].items()))
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")

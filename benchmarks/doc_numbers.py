@@ -7,6 +7,8 @@ apart (issue 15). Now each number sits in a marked block and comes from one file
     <!-- generated: curve grpo warm -->        a run's per-iteration table (warm: with the warm-start row;
                                                critic: with the value loss and explained variance)
     <!-- generated: accuracies grpo dr_grpo --> held-out accuracy after each iteration, one row per run
+    <!-- generated: multiturn NAME [turns] -->  a multi-turn run's table (benchmarks/multi_turn_curve.py):
+                                               accuracy and tool use, held-out and sampled (turns: mean turns)
     <!-- /generated -->                         (the table between the two markers is replaced)
     <!-- value: grpo 4 -->0.906<!-- /value -->  one number: a run, an iteration (or warm, or gain), a history key
 
@@ -29,6 +31,8 @@ CURVE_COLUMNS = (("eval_accuracy", "held-out accuracy after"), ("train_reward_me
                  ("train_accuracy", "train sample accuracy"), ("kl_ref", "KL to ref (k3)"),
                  ("clip_fraction", "clip fraction"))
 CRITIC_COLUMNS = (("value_loss", "value loss"), ("explained_variance", "explained variance"))
+MULTI_TURN_COLUMNS = (("eval_accuracy", "held-out accuracy after"), ("eval_tool_use_rate", "held-out tool use after"),
+                      ("train_accuracy", "train sample accuracy"), ("train_tool_use_rate", "sampled tool use"))
 LABELS = {  # how the docs name the runs of benchmarks/algorithm_curves.py
     "grpo": "GRPO", "dr_grpo": "Dr.GRPO", "dapo": "DAPO-style", "rloo": "RLOO", "gspo": "GSPO", "ppo": "PPO (GAE)",
     "reinforce_plus_plus": "REINFORCE++", "deepseek_v32": "DeepSeek-V3.2 corrections",
@@ -87,7 +91,17 @@ def block(results: dict, spec: str, where: str) -> str:
             accs = [_fmt(row["eval_accuracy"]) for row in r["rows"][:n]]
             lines.append(f"| {LABELS.get(name, name)} | {_fmt(r['warm_start_accuracy'])} | " + " | ".join(accs) + " |")
         return "\n".join(lines) + "\n"
-    raise SystemExit(f"{where}: unknown generated block {kind!r} (curve, accuracies)")
+    if kind == "multiturn":
+        run = _run(results, args[0], where)
+        columns = MULTI_TURN_COLUMNS + ((("turns_mean", "turns (mean)"),) if "turns" in args[1:] else ())
+        lines = ["| iteration | " + " | ".join(h for _, h in columns) + " |", "|---" * (len(columns) + 1) + "|",
+                 f"| warm start (prepare) | {_fmt(run['warm_start_accuracy'])} | "
+                 f"{_fmt(run['warm_start_tool_use_rate'])} |" + " |" * (len(columns) - 2)]
+        for row in run["rows"]:
+            cells = [f"{row[k]:.2f}" if k == "turns_mean" else _fmt(row[k]) for k, _ in columns]
+            lines.append(f"| {row['iteration']} | " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n"
+    raise SystemExit(f"{where}: unknown generated block {kind!r} (curve, accuracies, multiturn)")
 
 
 def render(text: str, results: dict, where: str) -> str:

@@ -7,7 +7,8 @@ iteration). Per iteration it reads the committed metrics: held-out greedy accura
 (generate). The table it prints is the one in README.md and docs/multi-turn.md.
 
     python benchmarks/multi_turn_curve.py --iterations 6
-    python benchmarks/multi_turn_curve.py --iterations 6 --workdir /tmp/curve --json curve.json
+    python benchmarks/multi_turn_curve.py --iterations 6 --workdir /tmp/curve --json curve.json \
+        --results benchmarks/results/algorithm_curves.json   # the docs' tables (benchmarks/doc_numbers.py)
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.algorithm_curves import sh  # noqa: E402
+from benchmarks.algorithm_curves import merge_results, sh  # noqa: E402
 from tests.e2e.conftest import make_project, metrics_at  # noqa: E402  (a stage's metrics at a tag, through DVC)
 from tests.e2e.test_multi_turn import CALCULATOR  # noqa: E402  (the same settings the e2e test runs)
 
@@ -32,6 +33,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--results", default=None, help="also merge the run, as multi_turn_calculator, into this "
+                        "results file (benchmarks/results/algorithm_curves.json: README.md and docs/multi-turn.md "
+                        "take their table from it)")
     args = parser.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="rlpipe-multi-turn-"))
     root = work / "calculator"
@@ -64,6 +68,12 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"warm_start": prepare, "rows": rows,
                                                "seconds_per_iteration": seconds}, indent=2))
+    if args.results:
+        run = {"name": "multi_turn_calculator", "warm_start_accuracy": prepare["warmstart_eval_accuracy"],
+               "warm_start_tool_use_rate": prepare["warmstart_eval_tool_use_rate"], "rows": rows,
+               "seconds_per_iteration": seconds}
+        merge_results(Path(args.results), [run], iterations=args.iterations,
+                      command=f"python benchmarks/multi_turn_curve.py --iterations {args.iterations}")
 
 
 if __name__ == "__main__":

@@ -430,8 +430,20 @@ def inspect(
     as_json: bool = typer.Option(False, "--json", help="print the summary and rows as JSON (for scripts)"),
     html: Optional[str] = typer.Option(None, "--html", help="also write the view as a self-contained HTML page "
                                                              "(exact values on hover, per-token tables)"),
+    serve_page: bool = typer.Option(False, "--serve", help="browse every row in a local page instead: `rlpipe view "
+                                                           "TARGET` on port 8765, starting from --where/--sort"),
 ) -> None:
     """Join an iteration's artifacts on (prompt_id, sample_idx) and show statistics and colour-coded rollouts."""
+    if serve_page:
+        from rlpipe.reports.inspect import COLOR_ALIASES
+
+        if show is not None or prompt_id or as_json or html:
+            _fail(RlpipeError("--serve opens the browser page, where rows are paged and opened there: drop "
+                              "--show/--prompt-id/--json/--html (or use --where 'prompt_id IN (3, 17)')"))
+        return _serve_view(target, rev=rev, eval_view=eval_view, host="127.0.0.1", port=8765, tokenizer=tokenizer,
+                           open_browser=False, start={"where": where or "", "sort": sort or "",
+                                                      "desc": "1" if desc else "",
+                                                      "color": COLOR_ALIASES.get(color_by, color_by) or ""})
     from rlpipe.reports.html import inspect_html
     from rlpipe.reports.inspect import inspect_data
     from rlpipe.reports.terminal import print_inspect
@@ -458,6 +470,50 @@ def diff(
 
     _show(lambda: diff_data(a, b, repo=repo, show=show), to_html=diff_html, to_terminal=print_diff, html=html,
           as_json=as_json)
+
+
+@app.command()
+def view(
+    target: str = typer.Argument(".", help="a project directory (artifacts found through its params.yaml) or one "
+                                           "artifact .parquet file"),
+    rev: Optional[str] = typer.Option(None, "--rev", help="serve the iteration at this git revision (a tag such as "
+                                                          "iteration-3, or just 3), read through DVC's cache"),
+    eval_view: bool = typer.Option(False, "--eval", help="the evaluate stage's held-out rollouts instead"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (the default: this machine only; "
+                                                         "rows may be private)"),
+    port: int = typer.Option(8765, "--port", min=0, max=65535, help="port to listen on (0: any free one)"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="model directory or tokenizer.json to decode "
+                                                                      "tokens with (default: the policy's)"),
+    open_browser: bool = typer.Option(False, "--open", help="also open the page in this machine's browser"),
+) -> None:
+    """Browse an iteration's rollouts in a local page: page, sort, --where, search, token views, a prompt across
+    iterations. Needs the `view` extra: pip install 'rlpipe\\[view]'."""  # \\[: rich would read [view] as a style
+    _serve_view(target, rev=rev, eval_view=eval_view, host=host, port=port, tokenizer=tokenizer,
+                open_browser=open_browser)
+
+
+def _serve_view(target: str, *, rev: Optional[str], eval_view: bool, host: str, port: int, tokenizer: Optional[str],
+                open_browser: bool, start: Optional[dict] = None) -> None:
+    """`rlpipe view` and `rlpipe inspect --serve`: check the extra is installed, then serve until Ctrl-C."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        _fail(RlpipeError(f"rlpipe view needs the `view` extra ({e.name} is not installed): "
+                          "pip install 'rlpipe[view]'"))
+    from rlpipe.reports.serve import serve
+
+    def ready(url: str) -> None:
+        if open_browser:
+            import webbrowser
+
+            webbrowser.open(url)
+
+    try:
+        serve(target, rev=rev, eval_view=eval_view, host=host, port=port, tokenizer=tokenizer,
+              echo=lambda line: typer.echo(line, err=line.endswith("stopped")), on_ready=ready, start=start)
+    except RlpipeError as e:
+        _fail(e)
 
 
 plots_app = typer.Typer(add_completion=False, no_args_is_help=True,

@@ -117,6 +117,8 @@ class VLLMConfig:
     enable_prefix_caching: bool  # reuse the KV cache of shared prompt prefixes
     enforce_eager: bool  # no CUDA graphs / torch.compile: starts faster, decodes slower
     max_model_len: int | None  # context vLLM plans for; null = the model's max_position_embeddings
+    # engines sharing each GPU (group): a small model's decoding is bound by one engine's host-side step
+    engines_per_gpu: int = 1
 
 
 @dataclass(frozen=True)
@@ -288,7 +290,9 @@ class TrainConfig:
     sequence_count: Literal["nonempty", "all_rows"]  # fine point (profile): which rows the seq-mean modes count
     gmpo_clip_sign: Literal["sequence", "token"]  # fine point (profile): GMPO's clip side, by row or token advantage
     entropy_mask_form: Literal["policy_term", "token_set"]  # fine point (profile): what the 80/20 mask removes
-    tis_cap: float | None  # truncated importance sampling: weight min(pi_old / pi_sampler, C); null = off
+    # truncated importance sampling: weight min(pi_old / pi_sampler, C); null = off; auto = AUTO_TIS_CAP when
+    # policy.max_staleness >= 1, else off (load_params resolves it: every other reader sees a number or None)
+    tis_cap: float | Literal["auto"] | None
     top_entropy_quantile: float  # rho: train the policy term on the top-rho tokens by pi_old's entropy; 1.0 = all
     keep_sampling_mask: bool  # DeepSeek-V3.2: with top_p < 1 / top_k > 0, the ratio on the sampler's support
     target_kl: float | None  # stop the epoch loop once a step's approx KL to pi_old exceeds it; null = never
@@ -394,9 +398,9 @@ class StageResourcesConfig:
     num_cpus: float = 1.0  # per process
     num_gpus: float = 0.0  # per process (Ray sets CUDA_VISIBLE_DEVICES to them)
     resources: dict[str, float] = field(default_factory=dict)  # Ray custom resources per process, e.g. {trainer: 1}
-    nodes: int = 1  # train / reference_logprob: nodes of one torch.distributed job (one Ray task per node)
+    nodes: int = 1  # train / reference_logprob / generate: nodes of one torch.distributed job (one Ray task per node)
     processes_per_node: int = 1  # ranks per node (torchrun's --nproc_per_node); each gets the resources above
-    engines: int = 1  # generate / evaluate on vLLM: replicas (data parallel), each num_gpus = its tensor-parallel size
+    engines: int = 1  # generate: must be 1 or nodes x processes_per_node (each process of generate is one engine)
 
 
 @dataclass(frozen=True)
@@ -566,6 +570,19 @@ def _build(cls: type, data: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
+# The cap `train.tis_cap: auto` takes in overlapped iterations: verl's rollout-correction threshold and what
+# ALGORITHMS.md suggests. Measured at S = 1 on the embedded default (BENCHMARKS.md, overlapped iterations).
+AUTO_TIS_CAP = 2.0
+
+
+def resolved_tis_cap(setting: float | str | None, max_staleness: int) -> float | None:
+    """``train.tis_cap`` as train applies it: "auto" is AUTO_TIS_CAP when the sampler may lag the trainer
+    (policy.max_staleness >= 1) and off when it cannot, so synchronous runs keep their exact objective."""
+    if setting == "auto":
+        return AUTO_TIS_CAP if max_staleness >= 1 else None
+    return setting
+
+
 def load_params(path: str | Path = "params.yaml") -> Params:
     """Load and check the whole params file; errors name the file and the dotted key."""
     p = Path(path)
@@ -580,7 +597,8 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except ConfigError as e:
         raise ConfigError(f"{p}: {e}") from None
     _check_consistency(params, p)
-    return params
+    cap = resolved_tis_cap(params.train.tis_cap, params.policy.max_staleness)
+    return dataclasses.replace(params, train=dataclasses.replace(params.train, tis_cap=cap))
 
 
 def apply_profile(data: Any) -> Any:
@@ -642,8 +660,8 @@ def _generate_rules(params: Params, need: Need) -> None:
     need(g.temperature > 0, "generate.temperature must be > 0 (log-probs are taken from logits / temperature)")
     need(0 < g.top_p <= 1, "generate.top_p must be in (0, 1]")
     need(g.max_new_tokens >= 1, "generate.max_new_tokens must be >= 1")
-    need(g.vllm.tensor_parallel_size >= 1 and g.vllm.data_parallel_size >= 1,
-         "generate.vllm.tensor_parallel_size and generate.vllm.data_parallel_size must be >= 1")
+    need(min(g.vllm.tensor_parallel_size, g.vllm.data_parallel_size, g.vllm.engines_per_gpu) >= 1,
+         "generate.vllm.tensor_parallel_size, .data_parallel_size and .engines_per_gpu must be >= 1")
     need(0 < g.vllm.gpu_memory_utilization <= 1, "generate.vllm.gpu_memory_utilization must be in (0, 1]")
     need(g.vllm.max_model_len is None or g.vllm.max_model_len >= 1, "generate.vllm.max_model_len must be >= 1 or null")
     e = g.environment
@@ -678,7 +696,7 @@ def _train_rules(params: Params, need: Need) -> None:
     need(t.checkpoint_every_steps >= 0, "train.checkpoint_every_steps must be >= 0 (0 = off)")
     need(t.checkpoint_every_s >= 0, "train.checkpoint_every_s must be >= 0 (0 = off)")
     need(t.max_sampler_mismatch is None or t.max_sampler_mismatch > 0, "train.max_sampler_mismatch must be > 0 or null")
-    need(t.tis_cap is None or t.tis_cap > 0, "train.tis_cap must be > 0 or null")
+    need(t.tis_cap in (None, "auto") or t.tis_cap > 0, "train.tis_cap must be > 0, auto or null")
     need(0 < t.top_entropy_quantile <= 1, "train.top_entropy_quantile must be in (0, 1] (1.0 = every token)")
     need(t.target_kl is None or t.target_kl > 0, "train.target_kl must be > 0 or null")
     need(t.critic.value_clip_eps > 0 and t.critic.lr > 0, "train.critic.value_clip_eps and train.critic.lr must be > 0")

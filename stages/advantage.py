@@ -15,8 +15,8 @@ import typer
 from rlpipe.config import load_params
 from rlpipe.data.io import write_artifact, write_json
 from rlpipe.data.schema import ADVANTAGES
-from rlpipe.stages.advantage import (Sources, compute_advantages, read_row_level, read_rows, reward_weights,
-                                     stream_advantages, streams)
+from rlpipe.stages.advantage import (compute_advantages, read_row_level, read_rows, reward_weights, stream_advantages,
+                                     streams, token_sources)
 
 app = typer.Typer(add_completion=False)
 
@@ -35,16 +35,16 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
     with timer.phase("setup"):
         p = load_params(params)
         weights = reward_weights(p)
+        sources = token_sources(p.advantage, rollouts=rollouts, ref_logprobs=ref_logprobs, values=values)
     if streams(rollouts):  # too many tokens to hold: read, compute and write a chunk of rows at a time
         with timer.phase("compute"):
             roll, rows = read_row_level(p, rollouts=rollouts, scores=scores, weights=weights)
             metadata = {"policy_version": roll.metadata.get("policy_version")}
-            m, kl_state = stream_advantages(rows, p.advantage, weights, Sources(rollouts, ref_logprobs, values), out,
-                                            metadata)
+            m, kl_state = stream_advantages(rows, p.advantage, weights, sources, out, metadata)
     else:
         with timer.phase("read"):
-            roll, rows = read_rows(p, rollouts=rollouts, scores=scores, ref_logprobs=ref_logprobs, values=values,
-                                   weights=weights)
+            roll, rows = read_rows(p, rollouts=rollouts, scores=scores, ref_logprobs=sources.ref_logprobs,
+                                   values=sources.values, weights=weights)
         with timer.phase("compute"):
             adv, m, kl_state = compute_advantages(rows, p.advantage, weights)
         with timer.phase("write"):

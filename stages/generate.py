@@ -36,19 +36,25 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         cfg = p.generate
         setup_torch(p.torch_threads, p.seed)
         generate.check_sampler_dir(policy, p)
+        kind = generate.choose_engine(cfg)
+        dist = generate.generation_ranks(cfg, kind)  # None unless several processes share it, one engine each
     with timer.phase("read"):
         inputs = generate.read_inputs(p, prompts, policy, resume_root=resume_root,
-                                      warn=lambda message: stage.warn("generate", message))
+                                      warn=lambda message: stage.warn("generate", message),
+                                      rank=(dist.rank, dist.world_size) if dist else (0, 1))
     with timer.phase("engine_start"):
         # The project's engine server when one runs with these settings; else loads the weights here
         # (hf: with transformers; vllm: in its own workers, so CUDA stays uninitialised in this process).
-        engine = generate.make_engine(cfg, engine=generate.choose_engine(cfg), model_dir=policy,
+        engine = generate.make_engine(cfg, engine=kind, model_dir=policy,
                                       eos_token_ids=inputs.eos_token_ids, pad_token_id=inputs.tokenizer.pad_token_id)
     with timer.phase("compute"):
         with stage_progress("generate", total=inputs.prompts.height * cfg.group_size, unit="samples") as advance:
             rollouts, resumed_chunks = generate.sample(engine, inputs, p, progress=advance)
         if hasattr(engine, "close"):
             engine.close()  # vllm: stop its worker processes here; stage.run ends with os._exit
+        rollouts = generate.gather_rollouts(dist, rollouts, inputs)
+        if rollouts is None:  # not rank 0: its rows are with rank 0, which writes
+            return
     with timer.phase("write"):
         write_artifact(rollouts, out, ROLLOUTS, metadata=generate.rollout_metadata(cfg, engine=engine.name,
                                                                                    policy_version=p.policy.version))

@@ -26,6 +26,10 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
 # The network, blocked: no host name resolves and anything that still tries goes to a closed port.
 OFFLINE = ("--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=http://127.0.0.1:9",
            "--proxy-bypass-list=<-loopback>")
+# A page served by a local test server (`rlpipe view`): the same, except that 127.0.0.1 itself is reached.
+# (Chromium applies the resolver rules to IP literals too, hence the EXCLUDE.)
+LOCAL_SERVER = ("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1", "--proxy-server=http://127.0.0.1:9",
+                "--proxy-bypass-list=127.0.0.1")
 
 
 def chromium() -> str:
@@ -45,22 +49,26 @@ def chromium() -> str:
     pytest.skip(reason)
 
 
-def _run(page: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _run(page: Path | str, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Chromium on a file, or on a URL of a server on 127.0.0.1 (``str``): nothing else is reachable."""
+    target, network = (page, LOCAL_SERVER) if isinstance(page, str) else (page.resolve().as_uri(), OFFLINE)
+    if isinstance(page, str) and not page.startswith("http://127.0.0.1:"):
+        raise ValueError(f"{page}: only a server on 127.0.0.1 can be opened")
     with tempfile.TemporaryDirectory(prefix="rlpipe-chromium-") as profile:
-        cmd = [chromium(), *FLAGS, *OFFLINE, f"--user-data-dir={profile}", "--virtual-time-budget=15000", *extra,
-               page.resolve().as_uri()]
+        cmd = [chromium(), *FLAGS, *network, f"--user-data-dir={profile}", "--virtual-time-budget=15000", *extra,
+               target]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc
 
 
-def dump_dom(page: Path) -> str:
+def dump_dom(page: Path | str) -> str:
     """The page's DOM after its scripts ran (virtual time: timers and animation frames included)."""
     return _run(page, "--dump-dom").stdout
 
 
-def screenshot(page: Path, png: Path, *, width: int = 1280, height: int = 1600) -> Path:
+def screenshot(page: Path | str, png: Path, *, width: int = 1280, height: int = 1600) -> Path:
     _run(page, f"--window-size={width},{height}", f"--screenshot={png.resolve()}")
     assert png.is_file(), f"Chromium wrote no screenshot of {page}"
     return png

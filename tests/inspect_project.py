@@ -17,7 +17,8 @@ import polars as pl
 import yaml
 
 from rlpipe.data.io import write_artifact, write_json
-from rlpipe.data.schema import (ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS)
+from rlpipe.data.schema import (ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TOOL_CALL,
+                                TRAIN_TOKEN_STATS)
 from rlpipe.stages.generate import single_turn_columns
 
 EOS = 2
@@ -57,7 +58,9 @@ def eval_frame(correct: list[bool], version: int) -> pl.DataFrame:
         "completion_token_ids": [ids(t, eos=True) for t in texts], "completion_text": texts,
         "completion_length": [len(t) + 1 for t in texts], "truncated": [False] * 4,
         "finish_reason": ["stop"] * 4, "policy_mask": [[True] * (len(t) + 1) for t in texts], "num_turns": [1] * 4,
-        "num_tool_calls": [0] * 4, "reward": [1.5 if ok else 0.0 for ok in correct], "correct": correct})
+        "turn_starts": [[0]] * 4, "tool_calls": [[]] * 4, "num_tool_calls": [0] * 4,
+        "reward": [1.5 if ok else 0.0 for ok in correct], "correct": correct},
+        schema_overrides={"turn_starts": pl.List(pl.Int32), "tool_calls": pl.List(TOOL_CALL)})
 
 
 def make_project(root: Path, *, eval_correct: list[bool] = (True, False, False, True), version: int = 0,
@@ -114,4 +117,59 @@ def make_project(root: Path, *, eval_correct: list[bool] = (True, False, False, 
 
         build_char_tokenizer("0123456789+=").save_pretrained(str(root / "model"))
         assert json.loads((root / "model" / "tokenizer.json").read_text())["model"]["vocab"]["2"] == CHAR_IDS["2"]
+    return root
+
+
+# A multi-turn iteration (calculator tool), one character per token and no tokenizer (tokens from the text):
+#   model turn 1 "c(2+3)" calls the tool, the environment answers "=5;" (not the policy's), model turn 2 "5."
+MT_TURN1, MT_REPLY, MT_TURN2 = "c(2+3)", "=5;", "5."
+MT_CALL = {"turn": 0, "name": "calculator", "arguments": '{"expr": "2+3"}', "status": "ok", "result": "5"}
+MT_BAD = {"turn": 0, "name": "calculator", "arguments": "2+", "status": "parse_error", "result": "bad JSON"}
+
+
+def _multi_turn_row(turn1: str, reply: str, turn2: str, calls: list[dict], finish: str) -> dict:
+    text = turn1 + reply + turn2
+    mask = [True] * len(turn1) + [False] * len(reply) + [True] * len(turn2)
+    return {"completion_token_ids": [100 + i for i in range(len(text))], "completion_text": text,
+            "completion_length": len(text), "policy_mask": mask, "num_turns": 2 if reply else 1,
+            "turn_starts": [0, len(turn1) + len(reply)] if reply else [0], "tool_calls": calls,
+            "finish_reason": finish, "truncated": False,
+            # the policy's tokens near certain (white on the sampler log-prob scale) but the first, an unlikely
+            # one (full orange); the environment's tokens have 0.0, which also reads "certain"
+            "sampler_logprobs": [(-3.0 if i == 0 else -0.001) if m else 0.0 for i, m in enumerate(mask)]}
+
+
+def make_multi_turn_project(root: Path) -> Path:
+    """Rollouts and eval rollouts of a tool-calling run (no tokenizer); only rollouts, scores and prompts."""
+    def a(key: str) -> Path:
+        return root / PATHS[key]
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "params.yaml").write_text(yaml.safe_dump({"iteration": 0, "policy": {"path": "model"}, "paths": PATHS}))
+    write_artifact(_prompts(["2+3="], ["5"]), a("train_prompts"), PROMPTS)
+    write_artifact(_prompts(["2+3=", "4+4="], ["5", "8"]), a("eval_prompts"), PROMPTS)
+    rows = [_multi_turn_row(MT_TURN1, MT_REPLY, MT_TURN2, [MT_CALL], "done"),
+            _multi_turn_row("5.", "", "", [], "done")]
+    frame = pl.DataFrame(rows, schema_overrides={"tool_calls": pl.List(TOOL_CALL), "turn_starts": pl.List(pl.Int32)})
+    write_artifact(frame.with_columns(
+        prompt_id=pl.lit(0, pl.Int64), sample_idx=pl.Series([0, 1], dtype=pl.Int32), policy_version=pl.lit(0, pl.Int64),
+        sample_seed=pl.Series([0, 1], dtype=pl.Int64), prompt_token_ids=pl.lit([1, 2], pl.List(pl.Int32)),
+        turn_texts=pl.lit(None, pl.List(pl.String)), turn_rewards=pl.lit([None], pl.List(pl.Float64)),
+        environment_error=pl.lit(None, pl.String), tokenizer_hash=pl.lit("", pl.String)),
+        a("rollouts"), ROLLOUTS, metadata={"policy_version": 0})
+    write_artifact(pl.DataFrame({"prompt_id": [0, 0], "sample_idx": [0, 1], "reward": [1.0, 1.0],
+                                 "correct": [True, True], "score_error": [None, None]},
+                                schema_overrides={"score_error": pl.String}), a("scores"), SCORES,
+                   metadata={"policy_version": 0})
+    evals = [_multi_turn_row(MT_TURN1, MT_REPLY, MT_TURN2, [MT_CALL], "done"),
+             _multi_turn_row("c(2+", "?;", "7.", [MT_BAD], "max_turns")]
+    frame = pl.DataFrame(evals, schema_overrides={"tool_calls": pl.List(TOOL_CALL), "turn_starts": pl.List(pl.Int32)})
+    write_artifact(frame.drop("sampler_logprobs").with_columns(
+        prompt_id=pl.Series([0, 1], dtype=pl.Int64), sample_idx=pl.lit(0, pl.Int32), policy_version=pl.lit(1, pl.Int64),
+        num_tool_calls=pl.lit(1, pl.Int32), reward=pl.Series([1.0, 0.0]), correct=pl.Series([True, False])),
+        a("eval_rollouts"), EVAL_ROLLOUTS, metadata={"policy_version": 1})
+    for stage, m in {"evaluate": {"accuracy": 0.5, "reward_mean": 0.5, "length_mean": 11.0, "tool_use_rate": 1.0,
+                                  "turns_mean": 2.0},
+                     "generate": {"length_mean": 6.5, "tool_use_rate": 0.5, "turns_mean": 1.5}}.items():
+        write_json(root / "metrics" / f"{stage}.json", {"stage": stage, **m, "seconds": {"total": 1.0}})
     return root

@@ -268,7 +268,7 @@ def test_non_nullable_value_rejects_null(tmp_path, data):
         ("reference", "refresh_every", -1, "reference.refresh_every must be >= 0"),
         ("iterate", "keep_checkpoints", -1, "iterate.keep_checkpoints must be >= 0"),
         ("train", "max_tokens_per_micro_batch", -1, "train.max_tokens_per_micro_batch must be >= 0"),
-        ("train", "tis_cap", 0.0, "train.tis_cap must be > 0 or null"),
+        ("train", "tis_cap", 0.0, "train.tis_cap must be > 0, auto or null"),
         ("train", "target_kl", -0.1, "train.target_kl must be > 0 or null"),
         ("advantage", "gamma", 1.5, "advantage.gamma and advantage.lam must be in [0, 1]"),
         ("advantage", "lam", -0.1, "advantage.gamma and advantage.lam must be in [0, 1]"),
@@ -527,3 +527,18 @@ def test_the_check_params_stage_refuses_an_unknown_key_with_exit_2(tmp_path, dat
     ok = subprocess.run([sys.executable, "stages/check_params.py", "--params", str(dump(tmp_path, data))], cwd=REPO,
                         capture_output=True, text=True, check=False)
     assert (ok.returncode, ok.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("setting, staleness, applied", [("auto", 0, None), ("auto", 1, 2.0), ("auto", 3, 2.0),
+                                                         (3.0, 0, 3.0), (None, 1, None)])
+def test_tis_cap_auto_is_on_only_when_the_sampler_may_lag(tmp_path, data, setting, staleness, applied):
+    """#33 item 2: overlapped iterations (S >= 1) are corrected unless the user writes null; synchronous ones
+    keep their exact objective."""
+    data["train"]["tis_cap"] = setting
+    data["policy"]["max_staleness"] = staleness
+    assert load_params(dump(tmp_path, data)).train.tis_cap == applied
+
+
+def test_tis_cap_rejects_other_words(tmp_path, data):
+    data["train"]["tis_cap"] = "on"
+    assert "train.tis_cap" in config_error(dump(tmp_path, data))

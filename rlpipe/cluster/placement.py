@@ -100,22 +100,30 @@ def check_stages(cluster: ClusterConfig, stages: list[str]) -> None:
 
 def check_engines(cluster: ClusterConfig, *, tensor_parallel_size: int, data_parallel_size: int,
                   generation_on_gpu: bool) -> None:
-    """What the vLLM stages ask for matches their engine: GPUs for TP x DP on one node, one engine per stage.
+    """What the vLLM stages ask for matches their engines.
 
-    ``engines`` > 1 (replicas on several nodes) is refused for now: the generate stage does not split its
-    prompts between nodes yet (docs/cluster.md), and silently running one engine would not be what was asked.
+    Every process of generate (``nodes`` x ``processes_per_node``) runs one engine on TP x DP GPUs of its
+    node and samples a block of the prompts (`rlpipe.stages.generate`); tensor parallelism never crosses a
+    node (an all-reduce per layer over the network). ``engines``, where written, must say that same number.
+    evaluate runs one engine: its held-out set is small.
     """
     for stage in ("generate", "evaluate"):
         wanted = cluster.stages.get(stage)
         if wanted is None:
             continue
-        if wanted.engines > 1:
-            raise ConfigError(f"cluster.stages.{stage}.engines: {wanted.engines} engines on several nodes are not "
-                              "supported yet; use 1 engine with tensor/data parallelism inside a node (docs/cluster.md)")
+        world = wanted.nodes * wanted.processes_per_node
+        if stage == "evaluate" and world > 1:
+            raise ConfigError(f"cluster.stages.evaluate: nodes x processes_per_node = {world}, but evaluate runs one "
+                              "engine; give it 1 node and 1 process (generate spreads over several)")
+        if wanted.engines not in (1, world):
+            raise ConfigError(f"cluster.stages.{stage}.engines: {wanted.engines}, but nodes x processes_per_node = "
+                              f"{world}: each process of {stage} runs one engine, so set nodes and "
+                              "processes_per_node to the engines you want (docs/cluster.md)")
         need = tensor_parallel_size * data_parallel_size
-        if generation_on_gpu and wanted.num_gpus * wanted.processes_per_node < need:
-            raise ConfigError(f"cluster.stages.{stage}.num_gpus: {wanted.num_gpus:g} GPU(s), but "
-                              f"generate.vllm.tensor_parallel_size x data_parallel_size needs {need} on its node")
+        if generation_on_gpu and wanted.num_gpus < need:
+            raise ConfigError(f"cluster.stages.{stage}.num_gpus: {wanted.num_gpus:g} GPU(s) per process, but "
+                              f"generate.vllm.tensor_parallel_size x data_parallel_size needs {need} for each "
+                              "process's engine")
 
 
 def check_feasible(plan: StagePlan, nodes: list[dict[str, float]]) -> None:
@@ -136,30 +144,3 @@ def check_feasible(plan: StagePlan, nodes: list[dict[str, float]]) -> None:
 
 def _shown(resource: str) -> bool:
     return not resource.startswith("node:") and resource not in ("memory", "object_store_memory")
-
-
-def engine_bundles(engines: int, tensor_parallel_size: int, data_parallel_size: int,
-                   gpus_per_node: list[float]) -> list[list[int]]:
-    """vLLM replicas on GPU nodes: which node each engine runs on, and why it must stay inside one node.
-
-    Each engine is tensor-parallel over ``tensor_parallel_size`` GPUs and runs ``data_parallel_size``
-    replicas of itself (rlpipe's engine processes, `rlpipe.engines.vllm`): it needs TP x DP GPUs on one
-    node (TP across nodes would put NCCL all-reduces on the network every layer). Engines are dealt to
-    nodes first-fit in node order, so consecutive engines fill a node before the next; returns, per node,
-    the engine indices it holds. Raises naming the keys when an engine fits no node or the engines do
-    not all fit.
-    """
-    need = tensor_parallel_size * data_parallel_size
-    if need > max(gpus_per_node, default=0):
-        raise ConfigError(f"generate.vllm.tensor_parallel_size x data_parallel_size = {need} GPUs per engine, but "
-                          f"no node has that many (GPUs per node: {gpus_per_node}); an engine stays inside one node")
-    free = list(gpus_per_node)
-    placed: list[list[int]] = [[] for _ in gpus_per_node]
-    for engine in range(engines):
-        node = next((i for i, f in enumerate(free) if f >= need), None)
-        if node is None:
-            raise ConfigError(f"cluster.stages.generate.engines: {engines} engines of {need} GPUs do not fit the "
-                              f"nodes' GPUs {gpus_per_node} ({engine} fit)")
-        free[node] -= need
-        placed[node].append(engine)
-    return placed

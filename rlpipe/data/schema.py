@@ -123,18 +123,21 @@ POLICY_MASK = Column(
     "loss, KL and entropy); False on observation tokens (tool results, template tokens between turns).",
     per_token=True)
 NUM_TURNS = Column("num_turns", pl.Int32, "Model turns in the completion (1 for a single-turn rollout).")
+TURN_STARTS = Column("turn_starts", pl.List(pl.Int32), "Index in completion_token_ids where each model turn starts "
+                     "([0] single-turn); a turn's policy tokens run from there, its observation follows up to the "
+                     "next start.")
+TOOL_CALLS = Column("tool_calls", pl.List(TOOL_CALL), "Every tool call: turn, tool name, arguments (JSON), status "
+                    "(ok, parse_error, unknown_tool, bad_arguments, error, timeout) and the result shown to the model.")
 
 MULTI_TURN_COLUMNS = (
     POLICY_MASK,
     NUM_TURNS,
-    Column("turn_starts", pl.List(pl.Int32), "Index in completion_token_ids where each model turn starts ([0] "
-           "single-turn); a turn's policy tokens run from there, its observation follows up to the next start."),
+    TURN_STARTS,
     Column("turn_texts", pl.List(pl.String), "Decoded text of each model turn (special tokens removed); rewards "
            "judge the last one. Null for a single-turn rollout, whose one turn is completion_text.", nullable=True),
     Column("turn_rewards", pl.List(pl.Float64), "The environment's reward after each model turn; null entries where "
            "it gave none ([null] single-turn)."),
-    Column("tool_calls", pl.List(TOOL_CALL), "Every tool call: turn, tool name, arguments (JSON), status (ok, "
-           "parse_error, unknown_tool, bad_arguments, error, timeout) and the result shown to the model."),
+    TOOL_CALLS,
     Column("environment_error", pl.String, "What went wrong, for finish_reason tool_error or infra_error (an "
            "infra_error is never the model's fault: score makes it a row error, not a reward).", nullable=True),
     Column("tokenizer_hash", pl.String, "Hash of the sampler's tokenizer and chat template (16 hex digits): the "
@@ -282,6 +285,8 @@ EVAL_ROLLOUTS = ArtifactSchema(
         Column("finish_reason", pl.String, "As in rollouts: 'stop'/'length', or a multi-turn finish reason."),
         POLICY_MASK,
         NUM_TURNS,
+        TURN_STARTS,
+        TOOL_CALLS,
         Column("num_tool_calls", pl.Int32, "Tool calls in the rollout (0 single-turn)."),
         Column("reward", pl.Float64, "Weighted reward under the score stage's reward functions."),
         Column("correct", pl.Boolean, "Exact answer; null when the prompt has no answer.", nullable=True),

@@ -44,6 +44,12 @@ What rlpipe asks of vLLM, and why (checked against vLLM 0.26.0's source):
   ``tensor_parallel_size`` GPUs, and splits the prompts between them in contiguous shards. For a
   dense model this is what vLLM's data parallelism does too; seeds travel with each request, so the
   split changes no sample beyond that float noise. (Not yet run on several GPUs.)
+- Engines per GPU: one vLLM engine decodes a small model at a fraction of the GPU's speed, because each
+  step's host-side work (scheduling and output handling, about 50 us per sequence) runs in one Python
+  process while the GPU idles (benchmarks/vllm_decode_bound.py: CUDA busy 5 of 54-64 ms per step of
+  1,024 sequences for a 0.5B shape on an H200). ``engines_per_gpu`` replicas share each GPU, each with
+  that share of ``gpu_memory_utilization``; their host work runs in parallel. Engines sharing a GPU start
+  one after another, since vLLM sizes its KV cache from the memory it finds free when it starts.
 
 Usage:
     with VLLMEngine("models/policy", dtype="bfloat16", eos_token_ids=[151645]) as engine:
@@ -367,7 +373,9 @@ class VLLMEngine:
     model_dir: a ``save_pretrained`` directory (vLLM reads config.json and the safetensors itself).
     dtype: "bfloat16" | "float16" | "float32"; eos_token_ids: any of these ends a sample (kept as its last token).
     tensor_parallel_size: GPUs per replica; data_parallel_size: replicas (each in its own process when > 1).
-    gpu_memory_utilization: share of each GPU's memory vLLM may take for weights, activations and KV cache.
+    engines_per_gpu: replicas sharing each set of tensor_parallel_size GPUs (data_parallel_size x this in all).
+    gpu_memory_utilization: share of each GPU's memory vLLM may take for weights, activations and KV cache,
+    split evenly between the engines sharing it.
     enable_prefix_caching: reuse the KV cache of shared prompt prefixes.
     enforce_eager: no CUDA graphs or torch.compile (starts faster, decodes slower).
     max_model_len: context length vLLM plans for (None: the model's own).
@@ -386,6 +394,7 @@ class VLLMEngine:
         eos_token_ids: Sequence[int],
         tensor_parallel_size: int = 1,
         data_parallel_size: int = 1,
+        engines_per_gpu: int = 1,
         gpu_memory_utilization: float = 0.85,
         enable_prefix_caching: bool = True,
         enforce_eager: bool = False,
@@ -396,15 +405,15 @@ class VLLMEngine:
     ) -> None:
         if len(eos_token_ids) == 0:
             raise ValueError("eos_token_ids must name at least one token")
-        if tensor_parallel_size < 1 or data_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size and data_parallel_size must be >= 1, "
-                             f"got {tensor_parallel_size} and {data_parallel_size}")
+        if min(tensor_parallel_size, data_parallel_size, engines_per_gpu) < 1:
+            raise ValueError(f"tensor_parallel_size, data_parallel_size and engines_per_gpu must be >= 1, got "
+                             f"{tensor_parallel_size}, {data_parallel_size} and {engines_per_gpu}")
         self.eos_token_ids = tuple(sorted({int(t) for t in eos_token_ids}))
         self.llm_kwargs = {
             "model": str(model_dir),
             "dtype": dtype,
             "tensor_parallel_size": tensor_parallel_size,
-            "gpu_memory_utilization": gpu_memory_utilization,
+            "gpu_memory_utilization": gpu_memory_utilization / engines_per_gpu,
             "enable_prefix_caching": enable_prefix_caching,
             "enforce_eager": enforce_eager,
             "max_model_len": max_model_len,
@@ -421,21 +430,27 @@ class VLLMEngine:
         if max_lora_rank is not None:
             # one adapter at a time (the policy); its rank padded to what vLLM compiles for
             self.llm_kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(max_lora_rank), max_loras=1)
-        self._replicas: list[Any]
-        if data_parallel_size == 1:
+        self._replicas: list[Any] = []
+        if data_parallel_size * engines_per_gpu == 1:
             self._replicas = [_LocalReplica(self.llm_kwargs, self.eos_token_ids)]
         else:
-            visible = visible_gpu_ids()
-            self._replicas = [
-                _ProcessReplica(self.llm_kwargs, self.eos_token_ids, replica_gpu_ids(i, tensor_parallel_size, visible))
-                for i in range(data_parallel_size)
-            ]
-            try:
-                for replica in self._replicas:  # all load their weights at once; wait for each
+            self._start_replicas(tensor_parallel_size, data_parallel_size, engines_per_gpu)
+
+    def _start_replicas(self, tensor_parallel_size: int, data_parallel_size: int, engines_per_gpu: int) -> None:
+        """One process per replica, in waves: a wave has one engine on every GPU group, all loading at once;
+        the next wave starts when it is ready, so each engine finds its GPU's memory as the last one left it."""
+        visible = visible_gpu_ids()
+        try:
+            for _ in range(engines_per_gpu):
+                wave = [_ProcessReplica(self.llm_kwargs, self.eos_token_ids,
+                                        replica_gpu_ids(i, tensor_parallel_size, visible))
+                        for i in range(data_parallel_size)]
+                self._replicas.extend(wave)
+                for replica in wave:
                     replica.wait_ready()
-            except BaseException:
-                self.close()
-                raise
+        except BaseException:
+            self.close()
+            raise
 
     def generate(
         self,

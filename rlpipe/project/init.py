@@ -23,6 +23,8 @@ from rlpipe.project import pipeline, sizing, sources
 
 MODEL_DIR = "models/base"
 DATA_DIR = "data"
+# The Vega-Lite chart templates dvc.yaml's plots name (`template: iteration`): DVC looks them up in .dvc/plots.
+CHART_TEMPLATES = Path(".dvc") / "plots"
 GITIGNORE = """\
 # written by `rlpipe init`; DVC adds its own outputs to the .gitignore files it keeps
 .venv/
@@ -188,10 +190,21 @@ def _git_and_dvc(root: Path, tracked: list[str]) -> None:
     _run(["git", "init", "-q"], root)
     _run(["dvc", "init", "-q"], root)
     (root / ".dvcignore").write_text(DVCIGNORE)
+    _copy_chart_templates(template_dir=pipeline.template_root() / CHART_TEMPLATES, dest=root / CHART_TEMPLATES)
     _run(["dvc", "config", "core.analytics", "false"], root)
     files = [t for t in tracked if t != DATA_DIR] + sorted(f"{DATA_DIR}/{p.name}" for p in (root / DATA_DIR).iterdir())
     _run(["dvc", "add", "-q", *files], root)
     _run(["git", "add", "-A"], root)
+
+
+def _copy_chart_templates(*, template_dir: Path, dest: Path) -> None:
+    """The chart templates into the project's .dvc/plots (committed with it, so every clone draws the same)."""
+    charts = sorted(template_dir.glob("*.json"))
+    if not charts:
+        raise ConfigError(f"{template_dir}: no chart templates (*.json) for dvc.yaml's plots: reinstall rlpipe")
+    dest.mkdir(parents=True, exist_ok=True)
+    for chart in charts:
+        shutil.copyfile(chart, dest / chart.name)
 
 
 def _first_commit(root: Path) -> None:

@@ -45,7 +45,20 @@ HEADLINES = (
     ("grad norm (mean)", "train", ("grad_norm_mean",), None),
     ("policy version evaluated", "evaluate", ("policy_version",), None),
 )
+# Multi-turn runs only (generate.environment): listed when either side measured them. More tool use or
+# turns is neither better nor worse in itself.
+MULTI_TURN_HEADLINES = (
+    ("eval tool-use rate (rollouts with a tool call)", "evaluate", ("tool_use_rate",), None),
+    ("eval turns per rollout (mean)", "evaluate", ("turns_mean",), None),
+    ("train tool-use rate (rollouts with a tool call)", "generate", ("tool_use_rate",), None),
+    ("train turns per rollout (mean)", "generate", ("turns_mean",), None),
+)
 STAGES = ("generate", "score", "reference_logprob", "advantage", "train", "evaluate")
+# (Side attribute, params.yaml `paths` key, schema, the columns the flips read): only those, so an older
+# run's eval rollouts, written before a column was added (turn_starts, tool_calls), still compare.
+FLIP_COLUMNS = ["correct", "completion_text", "reward"]
+SIDE_TABLES = (("eval_rollouts", "eval_rollouts", EVAL_ROLLOUTS, FLIP_COLUMNS),
+               ("eval_prompts", "eval_prompts", PROMPTS, None))
 SECONDS_DIRECTION = LOWER  # a stage's wall time
 
 
@@ -67,10 +80,10 @@ def _read_dir(root: Path) -> Side:
     metrics = {f.stem: read_json(f) for f in sorted(mdir.glob("*.json"))} if mdir.is_dir() else {}
     side = Side(label=str(root), metrics=metrics, eval_rollouts=None, eval_prompts=None, params=params,
                 inspect=shlex.quote(str(root)))
-    for attr, key, schema in (("eval_rollouts", "eval_rollouts", EVAL_ROLLOUTS), ("eval_prompts", "eval_prompts", PROMPTS)):
+    for attr, key, schema, columns in SIDE_TABLES:
         f = root / (paths.get(key) or "")
         if paths.get(key) and f.is_file():
-            setattr(side, attr, read_artifact(f, schema).frame)
+            setattr(side, attr, read_artifact(f, schema, columns=columns).frame)
         else:
             side.notes.append(f"{root}: no {key} file ({f})")
     return side
@@ -86,11 +99,11 @@ def _read_revision(repo: Path, rev: str, label: str) -> Side:
     side.notes += [f"{label}: {p}" for p in problems]
     if not metrics:
         side.notes.append(f"{label}: no metrics recorded under {mdir}/ at {rev}")
-    for attr, key, schema in (("eval_rollouts", "eval_rollouts", EVAL_ROLLOUTS), ("eval_prompts", "eval_prompts", PROMPTS)):
+    for attr, key, schema, columns in SIDE_TABLES:
         if not paths.get(key):
             continue
         try:
-            setattr(side, attr, sources.read_artifact_at(repo, rev, paths[key], schema).frame)
+            setattr(side, attr, sources.read_artifact_at(repo, rev, paths[key], schema, columns=columns).frame)
         except ArtifactError:
             raise
         except Exception as e:  # noqa: BLE001 - DVC raises many types (missing cache, no remote, ...)
@@ -132,6 +145,10 @@ def _row(label: str, va: Any, vb: Any, direction: str | None) -> dict[str, Any]:
 def headline_rows(a: Side, b: Side) -> list[dict[str, Any]]:
     rows = [_row(label, _metric(a, stage, keys), _metric(b, stage, keys), direction)
             for label, stage, keys, direction in HEADLINES]
+    for label, stage, keys, direction in MULTI_TURN_HEADLINES:
+        va, vb = _metric(a, stage, keys), _metric(b, stage, keys)
+        if va is not None or vb is not None:
+            rows.append(_row(label, va, vb, direction))
     for stage in STAGES:
         va = ((a.metrics.get(stage) or {}).get("seconds") or {}).get("total")
         vb = ((b.metrics.get(stage) or {}).get("seconds") or {}).get("total")
@@ -155,7 +172,7 @@ def flips(a: Side, b: Side, *, show: int) -> dict[str, Any] | None:
     """Per-prompt changes of correctness on the held-out set (greedy eval rollouts of each side)."""
     if a.eval_rollouts is None or b.eval_rollouts is None:
         return None
-    cols = ["prompt_id", "sample_idx", "correct", "completion_text", "reward"]
+    cols = ["prompt_id", "sample_idx", *FLIP_COLUMNS]
     joined = a.eval_rollouts.select(cols).join(b.eval_rollouts.select(cols), on=["prompt_id", "sample_idx"],
                                                how="inner", suffix="_b")
     both = joined.filter(pl.col("correct").is_not_null() & pl.col("correct_b").is_not_null())

@@ -41,6 +41,11 @@ table.columns td { font-family: ui-monospace, monospace; font-size: 0.95em; }
 .tok { white-space: pre-wrap; overflow-wrap: anywhere; color: #000; padding: 1px 0;
        border-right: 1px solid rgba(0,0,0,0.08); }
 .tok:hover { outline: 2px solid #333; }
+.tok.obs { color: #37474f; font-style: italic; }
+.turn-start { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; font-size: 0.8em; color: #607d8b;
+              margin-top: 0.25em; line-height: 1.4; }
+.turn-sep { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; font-size: 0.85em; color: #37474f;
+            border-left: 4px solid #607d8b; background: #f4f6f8; padding: 0 0.5em; margin: 0.25em 0; line-height: 1.6; }
 .scroll { overflow-x: auto; }
 details.per-token summary { cursor: pointer; color: #1a5e8a; font-size: 0.9em; }
 .legend span { display: inline-block; padding: 2px 8px; font-family: ui-monospace, monospace; color: #000; }
@@ -107,11 +112,19 @@ def inspect_html(data: dict[str, Any]) -> str:
 
 
 def completion_html(cells: list[render.TokenCell]) -> str:
-    """A completion as one ``<span class="tok">`` per token: its colour, and every value in its tooltip."""
+    """A completion as one ``<span class="tok">`` per token: its colour, and every value in its tooltip.
+
+    Multi-turn: the environment's tokens are ``tok obs`` (grey, italic) and a ``turn-sep`` line before each
+    reply names the turn's tool calls and their status."""
     spans = []
     for cell in cells:
+        if cell.turn_break:  # multi-turn: the turn, its tool calls and their status, before the environment's reply
+            spans.append(f"<div class=\"turn-sep\">{esc(cell.turn_break)}</div>")
+        if cell.turn_start:  # and the model's next turn on a line of its own
+            spans.append(f"<div class=\"turn-start\">turn {cell.turn_start} (the policy's tokens)</div>")
         style = f" style=\"background:{cell.colour}\"" if cell.colour else ""
-        spans.append(f"<span class=\"tok\"{style} title=\"{esc(cell.tooltip())}\">{esc(cell.text)}</span>")
+        cls = "tok obs" if cell.observation else "tok"
+        spans.append(f"<span class=\"{cls}\"{style} title=\"{esc(cell.tooltip())}\">{esc(cell.text)}</span>")
         # a newline token is drawn as ⏎ and also breaks the line: code and reasoning keep their structure
         spans.append("<br>" * cell.text.count("⏎"))
     return f"<div class=\"completion\">{''.join(spans)}</div>"
@@ -181,7 +194,8 @@ def _answers_table(groups: list[tuple[Any, list[dict[str, Any]]]], column: str |
                    scale: dict[str, Any] | None) -> str:
     """One row per prompt (eval view: one greedy completion each), not a card per answer."""
     rows = ["<table class=\"answers\"><tr><th class=\"num\">prompt_id</th><th>prompt</th><th>answer</th>"
-            "<th>completion</th><th class=\"num\">reward</th><th>correct</th><th class=\"num\">tokens</th></tr>"]
+            "<th>completion</th><th class=\"num\">reward</th><th>correct</th><th class=\"num\">tokens</th>"
+            "<th>finish</th></tr>"]
     for pid, recs in groups:
         for rec in recs:
             completion = completion_html(render.token_cells(rec, column, scale)) if "tokens" in rec else esc(
@@ -191,8 +205,34 @@ def _answers_table(groups: list[tuple[Any, list[dict[str, Any]]]], column: str |
             rows.append(f"<tr data-prompt-id=\"{esc(pid)}\"><td class=\"num\">{esc(pid)}</td>"
                         f"<td><code>{esc(rec.get('prompt') or '')}</code></td><td>{esc(fmt(rec.get('answer')))}</td>"
                         f"<td>{completion}</td><td class=\"num\">{esc(fmt(rec.get('reward')))}</td>"
-                        f"<td>{correct}</td><td class=\"num\">{esc(fmt(rec.get('completion_length')))}</td></tr>")
+                        f"<td>{correct}</td><td class=\"num\">{esc(fmt(rec.get('completion_length')))}</td>"
+                        f"<td>{esc(_finish(rec))}</td></tr>")
     return "".join(rows) + "</table>"
+
+
+def sample_html(rec: dict[str, Any], column: str | None) -> str:
+    """One sample's token view alone (what `rlpipe view` opens on demand): its header, legend, coloured
+    tokens, turns and per-token table, drawn by the same pieces as the inspect page's samples."""
+    scale = render.color_scale([rec], column)
+    parts = [f"<div class=\"meta\">{esc(render.row_header(rec))}</div>"]
+    if scale:
+        parts.append(_legend(column, scale))
+    if "tokens" in rec:
+        cells = render.token_cells(rec, column, scale)
+        parts += [completion_html(cells), turns_html(rec), per_token_table(rec, cells, open_=False)]
+    else:
+        parts.append(f"<div class=\"completion\">{esc(rec.get('completion_text') or '')}</div>")
+    return f"<div class=\"sample\" data-sample-idx=\"{esc(rec.get('sample_idx'))}\">{''.join(parts)}</div>"
+
+
+def _finish(rec: dict[str, Any]) -> str:
+    """How the answer ended (stop, length; multi-turn: done, max_turns, tool_error ...), with its turns and calls."""
+    out = rec.get("finish_reason") or "-"
+    turns = rec.get("num_turns")
+    if (turns or 0) > 1 or rec.get("turns"):
+        calls = sum(len(t["tool_calls"]) for t in rec.get("turns") or [])
+        out += f" · {turns} turn{'s' if turns != 1 else ''}, {calls} tool call{'s' if calls != 1 else ''}"
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -194,13 +194,15 @@ def joined_frame(loaded: Loaded) -> tuple[pl.DataFrame, list[str]]:
 
 
 def with_derived_columns(frame: pl.DataFrame) -> pl.DataFrame:
-    """Add the per-token and per-row columns of the module docstring where their inputs exist."""
-    cols = set(frame.columns)
+    """Add the per-token and per-row columns of the module docstring where their inputs exist.
+
+    ``frame`` may be lazy (`rlpipe view` scans): the columns are read from the schema, not the data."""
+    cols = set(frame.collect_schema().names())
     token = {"log_ratio": ("new_logprobs", "old_logprobs"), "sampler_mismatch": ("old_logprobs", "sampler_logprobs"),
              "ref_log_ratio": ("sampler_logprobs", "ref_logprobs")}
     frame = frame.with_columns([(pl.col(a) - pl.col(b)).alias(name) for name, (a, b) in token.items()
                                 if a in cols and b in cols])
-    cols = set(frame.columns)
+    cols = set(frame.collect_schema().names())
     extra = []
     if "sampler_logprobs" in cols:
         extra.append(pl.col("sampler_logprobs").list.sum().alias("seq_logprob"))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlpipe.reports.inspect import COLOR_COLUMNS
+from rlpipe.reports.turn_view import turn_marks, turn_separator
 
 WHITE = (255, 255, 255)
 # Colour at full intensity: negative / positive side of a diverging scale, "surprising" log-probs, entropy.
@@ -22,6 +23,9 @@ MAX_BLEND = 0.85  # the strongest colour stays light enough for black text
 # (a log-ratio of 7.75 among values of 0.1) would otherwise leave every other token white.
 SCALE_PERCENTILE = 99
 BETTER, WORSE = "#1a7f37", "#c62828"  # diff: a change for the better / the worse (by the metric's direction)
+# A multi-turn rollout's environment tokens (tool results, the template between turns): one grey-blue whatever
+# --color-by says, never a colour of the scale, so the policy's tokens and the environment's never look alike.
+OBSERVATION = "#d5dde3"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -130,10 +134,15 @@ class TokenCell:
     token_id: int | None
     colour: str | None
     values: dict[str, float | None]
+    observation: bool = False  # the environment's token (multi-turn), not the policy's
+    turn_break: str | None = None  # multi-turn: the separator drawn before this token (the turn, its tool calls)
+    turn_start: int | None = None  # multi-turn: a later model turn (its number from 1) starts at this token
 
     def tooltip(self) -> str:
         lines = [f"token {self.position}: {self.text!r}" + (f" (id {self.token_id})" if self.token_id is not None
                                                              else "")]
+        if self.observation:
+            lines.append("the environment's token (tool result or template), not the policy's: no values")
         lines += [f"{name} = {exact(v)}" for name, v in self.values.items()]
         return "\n".join(lines)
 
@@ -141,16 +150,22 @@ class TokenCell:
 def token_cells(rec: dict[str, Any], column: str | None, scale: dict[str, Any] | None) -> list[TokenCell]:
     """The tokens of one shown row, coloured by ``column`` on ``scale``: what both outputs draw.
 
-    The one place a completion is cut into cells, so a later view (turns of a multi-turn rollout,
-    only policy tokens coloured) changes what a cell holds here and both outputs follow.
+    The one place a completion is cut into cells, so both outputs draw the same thing: the environment's
+    tokens of a multi-turn rollout in ``OBSERVATION`` grey (never a value's colour) and a separator
+    (``turn_break``) before each reply, naming the turn's tool calls and their status; each later model
+    turn begins on a line of its own (``turn_start``).
     """
     pieces = rec.get("tokens") or []
     ids = rec.get("token_ids") or [None] * len(pieces)
     per_token = rec.get("per_token", {})
     colouring = per_token.get(column) if column and scale else None
+    observed, breaks, starts = turn_marks(rec)
     return [TokenCell(position=i, text=visible(piece), token_id=ids[i] if i < len(ids) else None,
-                      colour=token_color(colouring[i], scale) if colouring and i < len(colouring) else None,
-                      values={name: vals[i] for name, vals in per_token.items() if i < len(vals)})
+                      colour=OBSERVATION if i in observed else (
+                          token_color(colouring[i], scale) if colouring and i < len(colouring) else None),
+                      values={name: vals[i] for name, vals in per_token.items() if i < len(vals)},
+                      observation=i in observed, turn_break=turn_separator(breaks[i]) if i in breaks else None,
+                      turn_start=starts.get(i))
             for i, piece in enumerate(pieces)]
 
 

@@ -78,15 +78,18 @@ def project_paths(params: dict[str, Any]) -> dict[str, Any]:
     return paths
 
 
-def read_artifact_at(repo: Path, rev: str, path: str, schema: ArtifactSchema) -> Artifact:
-    """An artifact as it was at ``rev``, read through DVC (local cache or remote), validated; path ``REV:path``."""
+def read_artifact_at(repo: Path, rev: str, path: str, schema: ArtifactSchema, *,
+                     columns: list[str] | None = None) -> Artifact:
+    """An artifact as it was at ``rev``, read through DVC (local cache or remote), validated; path ``REV:path``.
+
+    ``columns``: as for `rlpipe.data.io.read_artifact` (only these and the keys)."""
     import dvc.api
 
     data = dvc.api.read(path, repo=str(repo), rev=rev, mode="rb")
     with tempfile.TemporaryDirectory() as tmp:
         f = Path(tmp) / Path(path).name
         f.write_bytes(data)
-        art = read_artifact(f, schema)
+        art = read_artifact(f, schema, columns=columns)
     return Artifact(frame=art.frame, metadata=art.metadata, path=Path(f"{rev}:{path}"))
 
 

@@ -97,7 +97,14 @@ def _print_rows(console: Any, data: dict[str, Any]) -> None:
                 continue
             line = Text("  ")
             for cell in token_cells(rec, column, scale):
-                line.append(cell.text, style=Style(color="black", bgcolor=cell.colour) if cell.colour else "")
+                labels = [cell.turn_break, cell.turn_start and f"turn {cell.turn_start} (the policy's tokens)"]
+                if any(labels):  # multi-turn: each turn and each reply on lines of their own
+                    console.print(line, soft_wrap=True)
+                    for label in filter(None, labels):
+                        console.print(Text(f"    {label}", style="bold dim"), soft_wrap=True)
+                    line = Text("  ")
+                style = Style(color="black", bgcolor=cell.colour, italic=cell.observation) if cell.colour else ""
+                line.append(cell.text, style=style)
             console.print(line, soft_wrap=True)
             print_turns(console, rec)  # multi-turn rollouts: one line per turn (rlpipe/reports/turn_view.py)
 

@@ -3,8 +3,9 @@
 A small piece apart from rlpipe.reports.render (which calls it): `turn_records` cuts a rollout row into turns
 (the model's tokens, then the observation the environment answered with), `turn_lines` says each in
 one line, `print_turns` / `turns_html` draw them, and `turn_summary` / `turn_summary_lines` add the
-iteration's multi-turn statistics. Token colours are left to rlpipe.reports.render: inspect gives observation
-tokens no value, so only the policy's tokens are coloured. Rows of single-turn rollouts draw nothing.
+iteration's multi-turn statistics. `turn_marks` and `turn_separator` tell rlpipe.reports.render which tokens
+are the environment's (drawn apart, whatever the colouring) and what the separator before each reply
+says. Rows of single-turn rollouts draw nothing.
 """
 from __future__ import annotations
 
@@ -41,7 +42,32 @@ def turn_records(row: dict[str, Any]) -> list[dict[str, Any]]:
 def _call(c: dict[str, Any]) -> str:
     result = (c.get("result") or "").replace("\n", "⏎")
     result = result if len(result) <= 60 else result[:57] + "..."
-    return f"{c.get('name') or '?'}({c.get('arguments') or ''}) → {c.get('status')}: {result}"
+    return f"{c.get('name') or '?'}({c.get('arguments') or ''}) → {c.get('status')}" + (f": {result}" if result else "")
+
+
+def turn_separator(turn: dict[str, Any]) -> str:
+    """The line drawn between a model turn and the environment's reply: the turn, its tool calls and statuses."""
+    calls = " · ".join(f"tool call {_call(c)}" for c in turn["tool_calls"]) or "no tool call"
+    return f"▸ turn {turn['turn'] + 1} → {calls} · the environment's reply follows (not the policy's tokens)"
+
+
+def turn_marks(rec: dict[str, Any]) -> tuple[set[int], dict[int, dict[str, Any]], dict[int, int]]:
+    """A shown row's observation token positions, the turn whose separator goes before a position (the
+    environment's reply), and where each later model turn starts (position -> turn number from 1).
+
+    ``rec``: an inspect row record with ``turns`` (`turn_records`); single-turn rows have none of them.
+    """
+    observed: set[int] = set()
+    breaks: dict[int, dict[str, Any]] = {}
+    starts: dict[int, int] = {}
+    for t in rec.get("turns") or []:
+        start, stop = t["observation"]
+        observed.update(range(start, stop))
+        if stop > start or t["tool_calls"]:
+            breaks[start] = t
+        if t["turn"] > 0:
+            starts[t["model"][0]] = t["turn"] + 1
+    return observed, breaks, starts
 
 
 def turn_lines(rec: dict[str, Any]) -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlpipe.data.io import atomic_path
+from rlpipe.data.quantiles import QUANTILES
 from rlpipe.errors import ArtifactError
 
 HISTORY_CSV = "iterations.csv"  # under paths.plots_dir; dvc.yaml's top-level plots name this file
@@ -22,6 +23,21 @@ HISTORY_CSV = "iterations.csv"  # under paths.plots_dir; dvc.yaml's top-level pl
 # train numbers, and in one file every train curve would start with a false 0.
 EVAL_CSV = "eval.csv"
 BASELINE_ITERATION = -1  # the baseline row's place on the iteration axis: before iteration 0's training
+
+
+def chart_columns(*, generate: dict[str, Any], score: dict[str, Any], evaluate: dict[str, Any]) -> dict[str, Any]:
+    """A history row's columns for dvc.yaml's multi-turn and distribution charts, from the stage metrics.
+
+    Every key is always there (None where a stage did not measure it: a single-turn run has no tool
+    use, an older run no quantiles), so iterations.csv keeps one set of columns and DVC finds every
+    field a chart names; the chart templates leave the empty cells out.
+    """
+    out = {"eval_tool_use_rate": evaluate.get("tool_use_rate"), "eval_turns_mean": evaluate.get("turns_mean"),
+           "train_tool_use_rate": generate.get("tool_use_rate"), "train_turns_mean": generate.get("turns_mean")}
+    for prefix, quantiles in (("train_reward", score.get("reward_quantiles")),
+                              ("length", generate.get("length_quantiles"))):
+        out.update({f"{prefix}_p{q}": (quantiles or {}).get(f"p{q}") for q in QUANTILES})
+    return out
 
 
 def read_history(path: str | Path) -> list[dict[str, Any]]:

@@ -36,8 +36,8 @@ from rlpipe.config import Params, load_params
 from rlpipe.data.io import atomic_path, read_json, read_policy_version
 from rlpipe.errors import RlpipeError
 from rlpipe.run import dvc, policies, record
-from rlpipe.run.history import (BASELINE_ITERATION, EVAL_CSV, HISTORY_CSV, baseline_row, eval_numbers,
-                                write_history_csv)
+from rlpipe.run.history import (BASELINE_ITERATION, EVAL_CSV, HISTORY_CSV, baseline_row, chart_columns,
+                                eval_numbers, write_history_csv)
 from rlpipe.run.params_file import set_params
 from rlpipe.run.repo import STATE_CRITIC, STATE_POLICY, STATE_REFERENCE, STATE_SAMPLER, run_command, tag_name
 
@@ -128,6 +128,7 @@ def history_row(params: Params, root: Path) -> dict[str, Any]:
         "clip_fraction": train["clip_fraction"],
         "entropy_old": train["entropy_old"],
         "reference_version": params.reference.version,
+        **chart_columns(generate=gen, score=score, evaluate=evaluate),
     }
 
 

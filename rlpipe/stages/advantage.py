@@ -259,6 +259,16 @@ def _required(path: str | None, option: str, estimator: str) -> str:
     return path
 
 
+def token_sources(cfg: AdvantageConfig, *, rollouts: str, ref_logprobs: str | None, values: str | None) -> Sources:
+    """The token input files the estimator reads, each refused before any reading when its option is missing.
+
+    Why here: the in-memory and the streamed stage both start from it, so both name the missing option
+    (the streamed one would otherwise fail later, on a missing file)."""
+    return Sources(rollouts,
+                   _required(ref_logprobs, "--ref-logprobs", cfg.estimator) if cfg.uses_token_rewards else None,
+                   _required(values, "--values", cfg.estimator) if cfg.needs_critic else None)
+
+
 def read_rows(p: Params, *, rollouts: str, scores: str, ref_logprobs: str | None, values: str | None,
               weights: dict[str, float] | None) -> tuple[Artifact, pl.DataFrame]:
     """The rollouts, and one row per sample with exactly the columns the estimator reads: rewards (checked

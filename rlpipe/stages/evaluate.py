@@ -49,8 +49,8 @@ def evaluate_policy(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: Eva
     frame = rows.join(scores.select("prompt_id", "sample_idx", "reward", "correct"), on=["prompt_id", "sample_idx"])
     frame = frame.select("prompt_id", "sample_idx", pl.lit(policy_version, dtype=pl.Int64).alias("policy_version"),
                          "completion_token_ids", "completion_text", "completion_length", "truncated", "finish_reason",
-                         "policy_mask", "num_turns", pl.col("tool_calls").list.len().cast(pl.Int32)
-                         .alias("num_tool_calls"), "reward", "correct")
+                         "policy_mask", "num_turns", "turn_starts", "tool_calls",
+                         pl.col("tool_calls").list.len().cast(pl.Int32).alias("num_tool_calls"), "reward", "correct")
     metrics = {
         "policy_version": policy_version,
         "num_prompts": frame.height,

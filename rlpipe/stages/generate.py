@@ -15,6 +15,7 @@ import polars as pl
 
 from rlpipe.config import GenerateConfig, Params, VLLMConfig
 from rlpipe.data.io import read_artifact, read_policy_version
+from rlpipe.data.quantiles import quantile_summary
 from rlpipe.data.schema import PROMPTS, TOOL_CALL
 from rlpipe.engines.base import Completion, GenerationEngine, PromptRequest, SamplingParams, derive_seed
 from rlpipe.errors import ArtifactError, ConfigError
@@ -143,6 +144,7 @@ def build_engine(engine: str, *, device: str, dtype: str, batch_size: int, vllm:
         raise ConfigError(f"{section}.engine: {e}") from None
     built = VLLMEngine(base, dtype=dtype, eos_token_ids=eos_token_ids,
                        tensor_parallel_size=vllm.tensor_parallel_size, data_parallel_size=vllm.data_parallel_size,
+                       engines_per_gpu=vllm.engines_per_gpu,
                        gpu_memory_utilization=vllm.gpu_memory_utilization,
                        enable_prefix_caching=vllm.enable_prefix_caching, enforce_eager=vllm.enforce_eager,
                        max_model_len=vllm.max_model_len, max_lora_rank=rank)
@@ -293,6 +295,7 @@ def rollout_metrics(rollouts: pl.DataFrame, *, multi_turn: bool = False) -> dict
         "completion_tokens": int(lengths.sum()),
         "length_mean": float(lengths.mean()),
         "length_max": int(lengths.max()),
+        "length_quantiles": quantile_summary(lengths),  # the per-iteration distribution chart (dvc.yaml plots)
         "truncation_rate": float(rollouts["truncated"].mean()),
         "sampler_logprob_mean": float(sampled.mean()) if sampled.len() else 0.0,
     }
@@ -348,16 +351,20 @@ def policy_tokens(policy: str, prompts: pl.DataFrame, *, max_new_tokens: int, so
     return tokenizer, model_eos_token_ids(policy, tokenizer)
 
 
-def read_inputs(p: Params, prompts_path: str, policy: str, *, resume_root: str,
-                warn: Callable[[str], None]) -> GenerateInputs:
+def read_inputs(p: Params, prompts_path: str, policy: str, *, resume_root: str, warn: Callable[[str], None],
+                rank: tuple[int, int] = (0, 1)) -> GenerateInputs:
     """Pick the prompts, load the tokenizer and check that prompt + completion fit the model's context;
-    for multi-turn also the environment and the chat template: all before any weight is loaded."""
+    for multi-turn also the environment and the chat template: all before any weight is loaded.
+
+    ``rank``: (this process, processes) when several share the stage, one engine each: this process keeps its
+    contiguous block of the iteration's prompts (`prompt_share`)."""
     cfg = p.generate
     table = select_prompts(read_artifact(prompts_path, PROMPTS).frame, count=cfg.prompts_per_iteration,
                            seed=p.seed, iteration=p.iteration)
-    if cfg.prompts_per_iteration > table.height:
+    if cfg.prompts_per_iteration > table.height and rank[0] == 0:
         warn(f"generate.prompts_per_iteration is {cfg.prompts_per_iteration} but {prompts_path} holds "
              f"{table.height} prompts: every one is used, {table.height} x {cfg.group_size} samples")
+    table = prompt_share(table, *rank)
     multi = cfg.environment.multi_turn
     tokenizer, eos = policy_tokens(policy, table, max_new_tokens=cfg.max_completion_tokens, source=prompts_path,
                                    setting="generate.environment.max_total_tokens" if multi
@@ -365,7 +372,8 @@ def read_inputs(p: Params, prompts_path: str, policy: str, *, resume_root: str,
     setup = multi_turn_setup(cfg, tokenizer, eos_token_ids=eos, source=policy, resume_root=resume_root,
                              inputs=[prompts_path, policy],
                              key_params={"seed": p.seed, "iteration": p.iteration, "policy_version": p.policy.version,
-                                         "torch_threads": p.torch_threads}) if multi else None
+                                         "torch_threads": p.torch_threads,
+                                         **({"rank": list(rank)} if rank[1] > 1 else {})}) if multi else None
     return GenerateInputs(table, tokenizer, eos, setup)
 
 
@@ -385,6 +393,71 @@ def sample(engine: GenerationEngine, inputs: GenerateInputs, p: Params, *,
                                  decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                                  progress=progress, tokenizer_hash=tokenizer_hash(tokenizer))
     return rollouts, None
+
+
+# --------------------------------------------------------------------------------------------
+# Several processes, one engine each (torchrun, or `rlpipe run --cluster` with generate on several nodes or
+# processes): each samples a contiguous block of the prompts, rank 0 writes the table in prompt order.
+# Every prompt's samples are seeded by its own id, so the split changes no sample's seed.
+
+
+def generation_ranks(cfg: GenerateConfig, engine: str) -> Any:
+    """This process's place among the stage's processes (`rlpipe.distributed.Dist`), its GPUs pinned
+    (`pin_rank_gpus`); None for a stage of one process.
+
+    Why gloo even on GPUs: the group only carries the finished rows to rank 0, and an NCCL group would
+    initialise CUDA in this process, where vLLM must start in a process that has not.
+    """
+    import os
+
+    from rlpipe.distributed import start, torchrun_world_size
+
+    if torchrun_world_size() <= 1:
+        return None
+    dist = start("cpu")
+    pin_rank_gpus(cfg, engine, dist.local_rank, os.environ)
+    return dist
+
+
+def prompt_share(prompts: pl.DataFrame, rank: int, world_size: int) -> pl.DataFrame:
+    """Rank ``rank``'s contiguous block of the prompts (sizes differ by at most one)."""
+    if world_size == 1:
+        return prompts
+    from rlpipe.engines.vllm import shard_bounds
+
+    start, stop = shard_bounds(prompts.height, world_size)[rank]
+    return prompts.slice(start, stop - start)
+
+
+def pin_rank_gpus(cfg: GenerateConfig, engine: str, local_rank: int, environ: dict[str, str]) -> None:
+    """Give this process its own GPUs of the node: the local_rank-th run of the GPUs one engine uses
+    (vllm: tensor x data parallel size; hf on CUDA: one), so engines of one node never share a GPU."""
+    if engine == "hf" and not str(cfg.device).startswith("cuda"):
+        return
+    from rlpipe.engines.vllm import replica_gpu_ids, visible_gpu_ids
+
+    per_engine = cfg.vllm.tensor_parallel_size * cfg.vllm.data_parallel_size if engine == "vllm" else 1
+    environ["CUDA_VISIBLE_DEVICES"] = ",".join(replica_gpu_ids(local_rank, per_engine, visible_gpu_ids()))
+    environ["RLPIPE_ENGINE_SERVER"] = "off"  # the project's one engine server would serve every rank at once
+
+
+def gather_rollouts(dist: Any, mine: pl.DataFrame, inputs: GenerateInputs) -> pl.DataFrame | None:
+    """On rank 0 every rank's rows in rank order (= prompt order: the blocks are contiguous); None on the
+    other ranks, which then drop their kept multi-turn chunks (rank 0 holds their rows). ``mine`` itself
+    without ranks (``dist`` None)."""
+    from rlpipe.distributed import finish
+
+    if dist is None:
+        return mine
+    if dist.is_main:
+        rows = pl.concat([mine, *(dist.receive_from(r) for r in range(1, dist.world_size))], how="vertical")
+    else:
+        dist.send_to_main(mine)
+        rows = None
+    finish(dist)
+    if rows is None and inputs.multi_turn is not None:
+        inputs.multi_turn.clear()
+    return rows
 
 
 def rollout_metadata(cfg: GenerateConfig, *, engine: str, policy_version: int) -> dict[str, Any]:

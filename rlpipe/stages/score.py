@@ -36,6 +36,7 @@ import polars as pl
 
 from rlpipe.config import RewardEntry, ScoreConfig
 from rlpipe.data.lists import TokenIds, row_arrays
+from rlpipe.data.quantiles import quantile_summary
 from rlpipe.data.schema import ROLLOUTS
 from rlpipe.errors import ArtifactError, ConfigError, InfrastructureError, RlpipeError, ScoringError
 from rlpipe.rewards.base import Sample
@@ -294,6 +295,7 @@ def score_metrics(frame: pl.DataFrame, columns: dict[str, str], errors_by_kind: 
         "num_samples": frame.height,
         "reward_mean": float(scored.mean()) if scored.len() else 0.0,
         "reward_std": float(scored.std()) if scored.len() > 1 else 0.0,
+        "reward_quantiles": quantile_summary(scored),  # the per-iteration distribution chart (dvc.yaml plots)
         "unscorable": frame.height - scored.len(),
         "accuracy": float(frame["correct"].mean()) if frame["correct"].null_count() < frame.height else None,
         "components": {name: float(frame[col].mean()) if frame[col].null_count() < frame.height else None

@@ -28,7 +28,7 @@ def engine_settings(engine: str, *, device: str, dtype: str, batch_size: int, vl
     """
     if engine == "vllm":
         return {"engine": "vllm", "dtype": dtype, "tensor_parallel_size": vllm.tensor_parallel_size,
-                "data_parallel_size": vllm.data_parallel_size,
+                "data_parallel_size": vllm.data_parallel_size, "engines_per_gpu": vllm.engines_per_gpu,
                 "gpu_memory_utilization": vllm.gpu_memory_utilization,
                 "enable_prefix_caching": vllm.enable_prefix_caching, "enforce_eager": vllm.enforce_eager,
                 "max_model_len": vllm.max_model_len}

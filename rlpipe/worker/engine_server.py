@@ -110,6 +110,7 @@ class EngineHost:
             self.engine = VLLMEngine(base, dtype=s["dtype"], eos_token_ids=s["eos_token_ids"],
                                      tensor_parallel_size=s["tensor_parallel_size"],
                                      data_parallel_size=s["data_parallel_size"],
+                                     engines_per_gpu=s.get("engines_per_gpu", 1),
                                      gpu_memory_utilization=s["gpu_memory_utilization"],
                                      enable_prefix_caching=s["enable_prefix_caching"],
                                      enforce_eager=s["enforce_eager"], max_model_len=s["max_model_len"],

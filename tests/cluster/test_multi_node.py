@@ -1,7 +1,7 @@
 """One stage across two nodes: the executor starts one Ray task per node in a STRICT_SPREAD placement group,
 rank 0's node picks the rendezvous, and each process gets torchrun's variables (gloo on CPU).
 reference_logprob (data parallel) must write the same bytes as one process; train (FSDP2) the same
-checkpoint to float32 rounding. The single-process outputs are the one-machine run's iteration 0."""
+checkpoint to float32 rounding; generate (an engine per node) the same samples, log-probs to float32 rounding. The single-process outputs are the one-machine run's iteration 0."""
 from __future__ import annotations
 
 import io
@@ -47,6 +47,24 @@ def test_reference_logprob_across_two_nodes_is_byte_identical(driver, iteration_
     printed = on_two_nodes(iteration_0, "reference_logprob", {"--out": str(out), "--metrics": str(tmp_path / "m.json")})
     assert out.read_bytes() == (iteration_0 / "artifacts/reference_logprob/ref_logprobs.parquet").read_bytes()
     assert "[reference_logprob r0@" in printed  # rank 0 reports; each line names its rank and node
+
+
+def test_generate_across_two_nodes_samples_what_one_machine_sampled(driver, iteration_0, tmp_path):
+    """Two engines, one per node, each sampling its block of the prompts; rank 0 writes the table."""
+    import numpy as np
+
+    from rlpipe.data.io import read_artifact
+    from rlpipe.data.schema import ROLLOUTS
+
+    out = tmp_path / "rollouts.parquet"
+    printed = on_two_nodes(iteration_0, "generate", {"--out": str(out), "--metrics": str(tmp_path / "m.json")})
+    single = read_artifact(iteration_0 / "artifacts/generate/rollouts.parquet", ROLLOUTS)
+    two = read_artifact(out, ROLLOUTS)
+    assert two.metadata == single.metadata
+    assert two.frame.drop("sampler_logprobs").equals(single.frame.drop("sampler_logprobs"))
+    np.testing.assert_allclose(two.frame["sampler_logprobs"].explode().to_numpy(),
+                               single.frame["sampler_logprobs"].explode().to_numpy(), rtol=0, atol=1e-5)
+    assert "[generate r0@" in printed  # rank 0 writes and reports; rank 1 sent its rows
 
 
 def test_train_across_two_nodes_matches_one_process(driver, iteration_0, tmp_path):

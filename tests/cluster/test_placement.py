@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from rlpipe.cluster.placement import (StagePlan, check_engines, check_feasible, check_stages, engine_bundles,
+from rlpipe.cluster.placement import (StagePlan, check_engines, check_feasible, check_stages,
                                       resolve_address, stage_plan)
 from rlpipe.config import ClusterConfig, StageResourcesConfig, load_params
 from rlpipe.errors import ConfigError
@@ -61,26 +61,26 @@ def test_a_stage_no_node_can_hold_fails_naming_what_it_asks_and_what_there_is():
     check_feasible(plan, nodes + [{"CPU": 1.0, "trainer": 2.0}])  # a second node with it: fine
 
 
-def test_vllm_engines_fill_a_node_before_the_next_and_stay_inside_one():
-    assert engine_bundles(4, 2, 1, [8.0, 8.0]) == [[0, 1, 2, 3], []]
-    assert engine_bundles(3, 4, 1, [8.0, 4.0]) == [[0, 1], [2]]
-    assert engine_bundles(2, 2, 2, [4.0, 4.0]) == [[0], [1]]
-    with pytest.raises(ConfigError, match=r"tensor_parallel_size x data_parallel_size = 16 GPUs per engine"):
-        engine_bundles(1, 16, 1, [8.0, 8.0])
-    with pytest.raises(ConfigError, match=r"cluster.stages.generate.engines: 3 engines of 8 GPUs do not fit"):
-        engine_bundles(3, 8, 1, [8.0, 8.0])
-
-
-def test_vllm_stages_ask_for_their_engines_gpus_and_one_engine_for_now():
-    def cluster(**kw):
-        return ClusterConfig(stages={"generate": StageResourcesConfig(**kw)})
+def test_each_generate_process_is_one_engine_on_its_own_gpus():
+    def cluster(stage="generate", **kw):
+        return ClusterConfig(stages={stage: StageResourcesConfig(**kw)})
 
     check_engines(cluster(num_gpus=4), tensor_parallel_size=2, data_parallel_size=2, generation_on_gpu=True)
     check_engines(cluster(num_gpus=0), tensor_parallel_size=2, data_parallel_size=2, generation_on_gpu=False)
-    with pytest.raises(ConfigError, match=r"^cluster.stages.generate.num_gpus: 2 GPU\(s\), but generate.vllm"):
-        check_engines(cluster(num_gpus=2), tensor_parallel_size=2, data_parallel_size=2, generation_on_gpu=True)
-    with pytest.raises(ConfigError, match=r"^cluster.stages.generate.engines: 2 engines on several nodes are not"):
+    # 2 nodes x 4 processes: 8 engines of 2 GPUs each; `engines` may say so
+    check_engines(cluster(num_gpus=2, nodes=2, processes_per_node=4), tensor_parallel_size=2, data_parallel_size=1,
+                  generation_on_gpu=True)
+    check_engines(cluster(num_gpus=2, nodes=2, processes_per_node=4, engines=8), tensor_parallel_size=2,
+                  data_parallel_size=1, generation_on_gpu=True)
+    with pytest.raises(ConfigError, match=r"^cluster.stages.generate.num_gpus: 2 GPU\(s\) per process, but "
+                                          r"generate.vllm.tensor_parallel_size x data_parallel_size needs 4"):
+        check_engines(cluster(num_gpus=2, processes_per_node=2), tensor_parallel_size=2, data_parallel_size=2,
+                      generation_on_gpu=True)
+    with pytest.raises(ConfigError, match=r"^cluster.stages.generate.engines: 2, but nodes x processes_per_node = 1"):
         check_engines(cluster(num_gpus=1, engines=2), tensor_parallel_size=1, data_parallel_size=1,
+                      generation_on_gpu=True)
+    with pytest.raises(ConfigError, match=r"^cluster.stages.evaluate: nodes x processes_per_node = 2, but evaluate"):
+        check_engines(cluster("evaluate", num_gpus=1, nodes=2), tensor_parallel_size=1, data_parallel_size=1,
                       generation_on_gpu=True)
 
 

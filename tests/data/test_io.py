@@ -155,6 +155,8 @@ def eval_rollouts_frame() -> pl.DataFrame:
             "finish_reason": ["stop", "stop", "stop", "length"],
             "policy_mask": [[True, True], [True], [True, True, True], [True, True, True]],
             "num_turns": [1, 1, 1, 1],
+            "turn_starts": [[0], [0], [0], [0]],
+            "tool_calls": [[], [], [], []],
             "num_tool_calls": [0, 0, 0, 0],
             "reward": [1.0, 0.0, 0.5, 0.0],
             "correct": [True, False, None, False],

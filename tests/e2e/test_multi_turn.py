@@ -76,6 +76,10 @@ def test_dvc_repro_runs_the_multi_turn_task_with_masks_in_every_artifact(calcula
     assert {"tool_use_rate", "turns_mean", "finish_reasons"} <= set(e)
     ev = artifact(root, "artifacts/evaluate/eval_rollouts.parquet", EVAL_ROLLOUTS)
     assert ev["num_turns"].max() >= 1 and ev["policy_mask"].list.len().to_list() == ev["completion_length"].to_list()
+    # the eval view's turns and tool calls (issue 34 item 4): kept as generate keeps them
+    assert ev["turn_starts"].list.len().to_list() == ev["num_turns"].to_list()
+    assert ev["tool_calls"].list.len().to_list() == ev["num_tool_calls"].to_list()
+    assert e["tool_use_rate"] == float((ev["tool_calls"].list.len() > 0).mean())
     assert "up to date" in run(["dvc", "status"], root).stdout or not json.loads(
         run(["dvc", "status", "--json"], root).stdout)
 

@@ -17,8 +17,12 @@ pytestmark = pytest.mark.slow
 STAGES = ("prepare", "generate", "train_reward_model", "score", "reference_logprob", "values", "advantage", "train",
           "evaluate")
 ITERATION_PLOTS = ["accuracy per iteration (held-out greedy, train samples)", "reward per iteration",
-                   "KL per iteration (to the reference, to pi_old)", "clip fraction and entropy per iteration",
-                   "completion length per iteration"]
+                   "train reward distribution per iteration (median, p25-p75, p10-p90)",
+                   "KL per iteration (to the reference, to pi_old)", "clip fraction per iteration",
+                   "entropy per iteration (pi_old, nats per token)",
+                   "completion length per iteration (median, p25-p75, p10-p90)",
+                   "tool-use rate per iteration (multi-turn; share of rollouts with a tool call)",
+                   "turns per rollout per iteration (multi-turn; mean)"]
 STEP_PLOTS = ["plots/train_steps.csv", "train clip fraction per step",
               "train KL per step (approx KL to pi_old, KL to the reference)",
               "train grad norm per step (before clipping)"]
@@ -73,6 +77,9 @@ def test_metrics_plots_and_diff_after_iterate(project_copy):
     table = list(csv.DictReader((root / "plots/iterations.csv").open()))
     assert [r["iteration"] for r in table] == ["0"]
     assert float(table[0]["eval_accuracy"]) == read_json(root / "metrics/evaluate.json")["accuracy"]
+    lengths = read_json(root / "metrics/generate.json")["length_quantiles"]
+    assert [float(table[0][f"length_p{q}"]) for q in (10, 25, 50, 75, 90)] == list(lengths.values())
+    assert table[0]["train_tool_use_rate"] == table[0]["eval_turns_mean"] == ""  # single-turn: nothing measured
 
     shown = json.loads(run(["dvc", "metrics", "show", "--json"], root).stdout)
     assert len(shown) == 1  # the workspace (its key is "" or "workspace", depending on the DVC version)

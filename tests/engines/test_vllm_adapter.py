@@ -329,6 +329,40 @@ def test_data_parallel_replicas_split_prompts_and_give_the_same_samples(fake_vll
     assert shard_sizes == [4, 3] and finished == [16, 12]
 
 
+class RecordedReplica(InProcessReplica):
+    """An in-process replica that logs when it starts and when the engine waits for it to be ready."""
+    log: list[tuple[str, tuple[str, ...]]] = []
+
+    def __init__(self, llm_kwargs, eos_token_ids, gpu_ids):
+        RecordedReplica.log.append(("start", tuple(gpu_ids)))
+        super().__init__(llm_kwargs, eos_token_ids, gpu_ids)
+
+    def wait_ready(self):
+        RecordedReplica.log.append(("ready", tuple(self.gpu_ids)))
+
+
+def test_engines_sharing_a_gpu_start_in_waves_with_a_share_of_its_memory(fake_vllm, monkeypatch):
+    reqs = requests(count=7)
+    single = VLLMEngine("m", dtype="bfloat16", eos_token_ids=[EOS]).generate(reqs, PARAMS)
+    RecordedReplica.log = []
+    monkeypatch.setattr(vllm_engine, "_ProcessReplica", RecordedReplica)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    engine = VLLMEngine("m", dtype="bfloat16", eos_token_ids=[EOS], data_parallel_size=2, engines_per_gpu=2,
+                        gpu_memory_utilization=0.8)
+    # one engine on each GPU, both ready, then the second engine of each GPU: each sizes its KV cache from
+    # the memory the first one left
+    assert RecordedReplica.log == [("start", ("4",)), ("start", ("5",)), ("ready", ("4",)), ("ready", ("5",)),
+                                   ("start", ("4",)), ("start", ("5",)), ("ready", ("4",)), ("ready", ("5",))]
+    assert [llm.kwargs["gpu_memory_utilization"] for llm in FakeLLM.instances[1:]] == [0.4] * 4
+    assert engine.generate(reqs, PARAMS) == single
+    assert [len(llm.calls[0][0]) for llm in FakeLLM.instances[1:]] == [2, 2, 2, 1]
+
+
+def test_engines_per_gpu_below_one_is_refused(fake_vllm):
+    with pytest.raises(ValueError, match="engines_per_gpu must be >= 1, got 1, 1 and 0"):
+        VLLMEngine("m", dtype="bfloat16", eos_token_ids=[EOS], engines_per_gpu=0)
+
+
 def test_shards_and_gpu_assignment():
     assert shard_bounds(7, 3) == [(0, 3), (3, 5), (5, 7)]
     assert shard_bounds(1, 2) == [(0, 1), (1, 1)]
@@ -383,6 +417,15 @@ def test_make_engine_passes_the_vllm_section(generate_cfg, fake_vllm):
     kwargs = FakeLLM.instances[0].kwargs
     assert (kwargs["gpu_memory_utilization"], kwargs["max_model_len"], kwargs["enforce_eager"]) == (0.6, 128, True)
     assert kwargs["dtype"] == "bfloat16" and kwargs["tensor_parallel_size"] == vcfg.tensor_parallel_size
+
+
+def test_make_engine_passes_engines_per_gpu(generate_cfg, fake_vllm, monkeypatch):
+    monkeypatch.setattr(vllm_engine, "_ProcessReplica", InProcessReplica)
+    vcfg = dataclasses.replace(generate_cfg.vllm, gpu_memory_utilization=0.8, engines_per_gpu=4)
+    cfg = dataclasses.replace(generate_cfg, engine="vllm", device="cuda", dtype="bfloat16", vllm=vcfg)
+    engine = make_engine(cfg, engine="vllm", model_dir="m", eos_token_ids=[EOS], pad_token_id=0)
+    assert len(engine._replicas) == 4
+    assert [llm.kwargs["gpu_memory_utilization"] for llm in FakeLLM.instances] == [0.2] * 4
 
 
 def test_completion_contract_holds_for_mapped_outputs(fake_vllm):

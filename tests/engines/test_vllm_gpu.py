@@ -249,6 +249,33 @@ def test_two_data_parallel_replicas_sample_what_one_engine_samples(engine, tiny)
     assert max(diffs) < 0.05
 
 
+def test_two_engines_on_one_gpu_sample_what_one_engine_samples(engine, tiny):
+    """engines_per_gpu 2: two replica processes share the GPU, each with half of gpu_memory_utilization,
+    the second started once the first is ready; each request's own seed makes the samples those of one engine."""
+    _needs_gpu_and_vllm()
+    from rlpipe.engines.base import SamplingParams
+    from rlpipe.engines.vllm import VLLMEngine, replica_gpu_ids, visible_gpu_ids
+
+    path, tokenizer, _, prompts = tiny
+    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=MAX_NEW)
+    requests = _requests(prompts * 5, n=4, salt=13)
+    first_gpu = replica_gpu_ids(0, 1, visible_gpu_ids())
+    one = _flat(engine.generate(requests, params))
+    with VLLMEngine(path, dtype="bfloat16", eos_token_ids=[tokenizer.eos_token_id], engines_per_gpu=2,
+                    gpu_memory_utilization=0.3, enable_prefix_caching=True, enforce_eager=True,
+                    max_model_len=64) as shared:
+        assert [r.gpu_ids for r in shared._replicas] == [first_gpu, first_gpu]
+        groups = shared.generate(requests, params)
+    assert [len(g) for g in groups] == [4] * len(requests)
+    two = _flat(groups)
+    same = [a.token_ids == b.token_ids for a, b in zip(one, two)]
+    REPORT["engines_per_gpu_identical_samples"] = f"{sum(same)}/{len(same)}"
+    assert sum(same) >= 0.9 * len(same)  # bf16 batch-composition noise may flip a rare near-tie token
+    diffs = [abs(x - y) for a, b, s in zip(one, two, same) if s for x, y in zip(a.sampler_logprobs, b.sampler_logprobs)]
+    REPORT["engines_per_gpu_max_logprob_diff"] = max(diffs)
+    assert max(diffs) < 0.05
+
+
 # ---------------------------------------------------------------------------------------------
 # Multi-turn (rlpipe/environments): every turn continues the sample's whole prefix with its own seed
 

@@ -148,7 +148,9 @@ def test_git_and_dvc_initialised_with_the_inputs_tracked_by_dvc(inputs, tmp_path
     root = tmp_path / "p"
     files = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
     assert {"models/base.dvc", "data/train.jsonl.dvc", "data/eval.parquet.dvc", "dvc.yaml", "params.yaml",
-            ".gitignore", ".dvcignore", "stages/train.py"} <= set(files)
+            ".gitignore", ".dvcignore", "stages/train.py", ".dvc/plots/iteration.json",
+            ".dvc/plots/quantile_band.json"} <= set(files)  # the chart templates dvc.yaml's plots name
+    assert (root / ".dvc/plots/iteration.json").read_bytes() == (REPO / ".dvc/plots/iteration.json").read_bytes()
     assert "dvc_plots/" in (root / ".gitignore").read_text()
     status = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
     assert status == ""
@@ -207,7 +209,10 @@ def test_the_wheel_carries_the_template_of_rlpipe_init(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     data = next(n.split("/data/")[0] for n in names if "/data/share/rlpipe/template/" in n) + "/data/share/rlpipe/template"
     stages = sorted(p.name for p in (REPO / "stages").glob("*.py"))
-    assert {f"{data}/params.yaml", f"{data}/dvc.yaml", *(f"{data}/stages/{s}" for s in stages)} <= names
+    charts = sorted(p.name for p in (REPO / ".dvc/plots").glob("*.json"))
+    assert charts == ["iteration.json", "quantile_band.json"]  # the chart templates dvc.yaml's plots name
+    assert {f"{data}/params.yaml", f"{data}/dvc.yaml", *(f"{data}/stages/{s}" for s in stages),
+            *(f"{data}/.dvc/plots/{c}" for c in charts)} <= names
     assert zipfile.ZipFile(wheel).read(f"{data}/params.yaml") == (REPO / "params.yaml").read_bytes()
 
 

@@ -268,3 +268,53 @@ def test_diff_bad_sides_exit_2(two_iterations, tmp_path):
           message="neither a directory nor a git revision")
     fails("diff", str(a), "3", "--repo", str(tmp_path), message="no iteration-* tags yet")
     fails("diff", str(a), str(a), "--html", str(tmp_path / "no/dir.html"), message="does not exist")
+
+
+def test_diff_lists_tool_use_and_turns_when_a_side_is_multi_turn(two_iterations, tmp_path):
+    from tests.inspect_project import make_multi_turn_project
+
+    a, _ = two_iterations
+    multi = make_multi_turn_project(tmp_path / "mt")
+    metrics = {m["metric"]: m for m in as_json("diff", str(a), str(multi))["metrics"]}
+    # tests/inspect_project.py: evaluate 1.0 / 2.0, generate 0.5 / 1.5 on the multi-turn side only
+    assert {k: (m["a"], m["b"], m["change"]) for k, m in metrics.items() if "tool" in k or "turns" in k} == {
+        "eval tool-use rate (rollouts with a tool call)": (None, 1.0, None),
+        "eval turns per rollout (mean)": (None, 2.0, None),
+        "train tool-use rate (rollouts with a tool call)": (None, 0.5, None),
+        "train turns per rollout (mean)": (None, 1.5, None)}
+    single = [m["metric"] for m in as_json("diff", str(a), str(a))["metrics"]]
+    assert not [m for m in single if "tool" in m or "turns" in m]  # two single-turn sides: no such rows
+    page = tmp_path / "diff.html"
+    ok("diff", str(a), str(multi), "--html", str(page))
+    assert ('<td>eval tool-use rate (rollouts with a tool call)</td><td class="num">-</td>'
+            '<td class="num">1.0000</td>') in page.read_text()
+
+
+def test_diff_reads_eval_rollouts_written_before_they_kept_turns(two_iterations, tmp_path):
+    """eval_rollouts gained turn_starts and tool_calls; diff reads only the columns it compares, so an older
+    run's file (without them) still diffs, while inspect names the missing columns."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    a, b = two_iterations
+    old = tmp_path / "old"
+    shutil.copytree(a, old)
+    path = old / "a/eval_rollouts.parquet"
+    pq.write_table(pq.read_table(path).drop_columns(["turn_starts", "tool_calls"]), path)
+    data = as_json("diff", str(old), str(b))
+    assert (data["flips"]["wrong_to_right"], data["flips"]["right_to_wrong"]) == (1, 1)
+    fails("inspect", str(old), "--eval", message="missing column(s) ['turn_starts', 'tool_calls']")
+
+
+def test_terminal_puts_each_turn_and_each_reply_on_lines_of_their_own(tmp_path):
+    from tests.inspect_project import make_multi_turn_project
+
+    out = ok("inspect", str(make_multi_turn_project(tmp_path / "mt")), "--show", "1").stdout
+    lines = [line.rstrip() for line in out.splitlines()]
+    i = lines.index("  c(2+3)")
+    assert lines[i:i + 5] == [
+        "  c(2+3)",
+        ('    ▸ turn 1 → tool call calculator({"expr": "2+3"}) → ok: 5 · the environment\'s reply follows (not the '
+         "policy's tokens)"),
+        "  =5;", "    turn 2 (the policy's tokens)", "  5."]

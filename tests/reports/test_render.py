@@ -85,3 +85,25 @@ def test_judge_uses_each_metrics_direction():
     directions = {label: d for label, _, _, d in HEADLINES}
     assert directions["eval accuracy"] == HIGHER and directions["eval truncation rate"] == LOWER
     assert directions["KL to reference (trainer, kl_ref)"] is None  # a rise is learning or drift: not judged
+
+
+def test_token_cells_mark_the_environments_tokens_and_the_turn_boundaries():
+    """A rollout "ab" (turn 1, calls a tool) + "xy" (the environment's reply) + "c" (turn 2): the reply's
+    cells get the observation colour whatever the column says, a separator before them, turn 2 a start."""
+    from rlpipe.reports.render import OBSERVATION
+    from rlpipe.reports.turn_view import turn_records
+
+    call = {"turn": 0, "name": "add", "arguments": "1,2", "status": "timeout", "result": ""}
+    row = {"policy_mask": [True, True, False, False, True], "turn_starts": [0, 4], "tool_calls": [call]}
+    rec = {"tokens": list("abxyc"), "token_ids": [1, 2, 3, 4, 5], "turns": turn_records(row),
+           "per_token": {"sampler_logprobs": [-2.0, 0.0, None, None, -1.0]}}
+    scale = color_scale([rec], "sampler_logprobs")
+    cells = token_cells(rec, "sampler_logprobs", scale)
+    assert [c.observation for c in cells] == [False, False, True, True, False]
+    assert [c.colour for c in cells][2:4] == [OBSERVATION] * 2 and cells[1].colour == "#ffffff"  # certain, not grey
+    separator = "▸ turn 1 → tool call add(1,2) → timeout · the environment's reply follows (not the policy's tokens)"
+    assert [c.turn_break for c in cells] == [None, None, separator, None, None]
+    assert [c.turn_start for c in cells] == [None, None, None, None, 2]
+    assert "the environment's token" in cells[2].tooltip() and "the environment's" not in cells[0].tooltip()
+    single = token_cells({"tokens": ["a"], "turns": [], "per_token": {}}, None, None)[0]
+    assert (single.observation, single.turn_break, single.turn_start, single.colour) == (False, None, None, None)

@@ -83,3 +83,39 @@ def test_a_long_multi_line_completion_wraps_and_keeps_its_lines(tmp_path):
                     if any(rgb.getpixel((x, y)) == (255, 0, 0) for x in range(0, rgb.width, 4))]
     bands = 1 + sum(1 for a, b in zip(red_rows, red_rows[1:]) if b > a + 1)  # runs of rows with red in them
     assert bands >= 9, bands  # 3 lines of ~1,000 px of tokens each wrap to >= 2 rows, +1 for each ⏎ row
+
+
+def test_multi_turn_rollouts_read_as_a_conversation(tmp_path):
+    """Issue 34 item 4: the environment's tokens drawn apart from the policy's whatever the colouring, a
+    separator naming the tool call and its status before each reply, the next turn on a line of its own;
+    the eval view with turns, tool calls and finish reasons."""
+    from rlpipe.reports.render import OBSERVATION
+    from tests.inspect_project import make_multi_turn_project
+
+    root = make_multi_turn_project(tmp_path / "mt")
+    train, evals = tmp_path / "train.html", tmp_path / "eval.html"
+    for args in (["inspect", str(root), "--show", "2", "--color-by", "sampler_logprobs", "--html", str(train)],
+                 ["inspect", str(root), "--eval", "--show", "2", "--html", str(evals)]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+    dom = browser.dump_dom(train)
+    # "=5;" is the environment's reply: 3 tokens, the same grey-blue under any --color-by (sampler log-prob 0.0
+    # read "certain", white, like the policy's near-certain tokens)
+    obs = re.findall(rf'<span class="tok obs" style="background:{OBSERVATION}"[^>]*>([^<]*)</span>', dom)
+    assert obs == ["=", "5", ";"]
+    assert len(re.findall(r'<span class="tok"', dom)) == 8 + 2  # the policy's: "c(2+3)" and "5." of #0, "5." of #1
+    seps = re.findall(r'<div class="turn-sep">([^<]*)</div>', dom)
+    assert seps == [('▸ turn 1 → tool call calculator({"expr": "2+3"}) → ok: 5 · the environment\'s reply follows '
+                     "(not the policy's tokens)")]
+    assert re.findall(r'<div class="turn-start">([^<]*)</div>', dom) == ["turn 2 (the policy's tokens)"]
+    shot = browser.colour_counts(browser.screenshot(train, tmp_path / "train.png", height=2400))
+    assert browser.near(shot, rgb(OBSERVATION), tol=2) > 150  # the reply's three cells, ~60 px each
+    assert browser.near(shot, (0x60, 0x7D, 0x8B), tol=2) > 40  # the separator's 4-px rule
+
+    dom = browser.dump_dom(evals)
+    rows = re.findall(r'<tr data-prompt-id="(\d)">(.*?)</tr>', dom, re.DOTALL)
+    finish = {pid: re.findall(r"<td>([^<]*)</td>", row)[-1] for pid, row in rows}
+    assert finish == {"1": "max_turns · 2 turns, 1 tool call", "0": "done · 2 turns, 1 tool call"}
+    seps = {pid: re.findall(r'<div class="turn-sep">([^<]*)</div>', row) for pid, row in rows}
+    assert "calculator(2+) → parse_error: bad JSON" in seps["1"][0] and "→ ok: 5" in seps["0"][0]
+    assert len(re.findall(r'<span class="tok obs"', dom)) == 3 + 2  # "=5;" and "?;"

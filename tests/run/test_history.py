@@ -60,3 +60,19 @@ def test_iterate_puts_the_baseline_first_and_replaces_its_earlier_rows(tmp_path)
     assert [json.loads(line) for line in hist.read_text().splitlines()] == [
         {"iteration": -1, "eval_accuracy": 0.3}, {"iteration": 0, "eval_accuracy": 0.5},
         {"iteration": 1, "eval_accuracy": 0.7}]
+
+
+def test_chart_columns_are_always_there_and_empty_where_nothing_was_measured():
+    """dvc.yaml's multi-turn and distribution charts name these columns: a single-turn run writes them empty."""
+    from rlpipe.run.history import chart_columns
+
+    quantiles = {"p10": 1.0, "p25": 2.0, "p50": 3.0, "p75": 4.0, "p90": 5.0}
+    multi = chart_columns(generate={"tool_use_rate": 0.25, "turns_mean": 1.5, "length_quantiles": quantiles},
+                          score={"reward_quantiles": {k: v / 10 for k, v in quantiles.items()}},
+                          evaluate={"tool_use_rate": 0.5, "turns_mean": 2.0})
+    assert multi == {"eval_tool_use_rate": 0.5, "eval_turns_mean": 2.0, "train_tool_use_rate": 0.25,
+                     "train_turns_mean": 1.5, "train_reward_p10": 0.1, "train_reward_p25": 0.2, "train_reward_p50": 0.3,
+                     "train_reward_p75": 0.4, "train_reward_p90": 0.5, "length_p10": 1.0, "length_p25": 2.0,
+                     "length_p50": 3.0, "length_p75": 4.0, "length_p90": 5.0}
+    single = chart_columns(generate={"length_mean": 3.0}, score={}, evaluate={"accuracy": 0.5})
+    assert single == dict.fromkeys(multi)  # the same columns, every one empty

@@ -105,7 +105,7 @@ def test_key_of_the_same_name_nested_deeper_is_not_a_section_key(params):
 
 def test_setting_the_current_value_leaves_the_file_byte_identical(params):
     before = params.read_bytes()
-    set_params(params, {"iteration": 0, "policy.path": "artifacts/prepare/model", "train.tis_cap": None})
+    set_params(params, {"iteration": 0, "policy.path": "artifacts/prepare/model", "train.tis_cap": "auto"})
     assert params.read_bytes() == before
 
 

@@ -91,3 +91,25 @@ def test_the_streamed_stage_writes_what_the_in_memory_stage_writes(iteration, tm
     expected = read_artifact(write_artifact(whole, tmp_path / "whole.parquet", ADVANTAGES), ADVANTAGES).frame
     same_bits(streamed, expected)
     assert streamed_metrics == metrics and streamed_kl == kl_state
+
+
+@pytest.mark.parametrize("stream_above", ["0", str(10**12)])
+@pytest.mark.parametrize(("estimator", "option"), [("gae", "--values"), ("reinforce_plus_plus", "--ref-logprobs")])
+def test_both_stage_paths_name_a_missing_token_input(iteration, tmp_path, estimator, option, stream_above):
+    """The streamed path (every iteration above 0 tokens streams) refuses as the in-memory one does."""
+    import os
+    import subprocess
+    import sys
+
+    params_for(tmp_path, estimator)
+    inputs = {"--ref-logprobs": str(iteration / "ref_logprobs.parquet"), "--values": str(iteration / "values.parquet")}
+    del inputs[option]
+    cmd = [sys.executable, str(ROOT / "stages" / "advantage.py"), "--params", str(tmp_path / "params.yaml"),
+           "--rollouts", str(iteration / "rollouts.parquet"), "--scores", str(iteration / "scores.parquet"),
+           *[x for pair in inputs.items() for x in pair], "--out", str(tmp_path / "adv.parquet"),
+           "--kl-controller", str(tmp_path / "kl.json"), "--metrics", str(tmp_path / "m.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                          env={**os.environ, "RLPIPE_STREAM_ABOVE_TOKENS": stream_above})
+    assert proc.returncode != 0
+    assert f"advantage.estimator '{estimator}' needs {option}" in proc.stderr
+    assert not (tmp_path / "adv.parquet").exists()

@@ -31,3 +31,18 @@ def test_rollout_frame_matches_schema_and_seeds():
     assert frame["truncated"].to_list() == [False, True, False, True]
     assert frame["policy_version"].unique().to_list() == [3]
     assert frame["sample_seed"][1] == derive_seed(sample_seed(1, 0, 0), 1)
+
+
+def test_rollout_metrics_record_the_length_distribution():
+    from rlpipe.stages.generate import rollout_metrics
+
+    table = prompts(2)
+    reqs = [PromptRequest(prompt_token_ids=(1, 2), seed=sample_seed(1, 0, pid), n=2) for pid in (0, 1)]
+    results = [[Completion([5, 2], [-0.5, -0.1], "stop"), Completion([5, 6, 7], [-1.0, -2.0, -3.0], "length")],
+               [Completion([5], [-0.5], "stop"), Completion([5, 6, 7, 8, 9], [-1.0] * 5, "length")]]
+    frame = rollout_frame(table, reqs, results, policy_version=3, decode=lambda ids: "".join(map(str, ids)))
+    m = rollout_metrics(frame)
+    # lengths 2, 3, 1, 5 -> sorted 1, 2, 3, 5; index round(q * 3): p10 0.3 -> 0, p25 0.75 -> 1, p50 1.5 -> 2,
+    # p75 2.25 -> 2, p90 2.7 -> 3
+    assert m["length_quantiles"] == {"p10": 1.0, "p25": 2.0, "p50": 3.0, "p75": 3.0, "p90": 5.0}
+    assert (m["length_mean"], m["length_max"]) == (2.75, 5)

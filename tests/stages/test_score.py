@@ -128,6 +128,8 @@ def test_a_nan_fallback_reward_is_counted_and_left_out_of_the_metrics():
     m = score_metrics(frame, {"exact_answer": "reward_exact_answer"}, {"ValueError": 1}, {})
     assert (m["reward_mean"], m["unscorable"]) == (0.5, 1)
     assert m["reward_std"] == pytest.approx(0.7071, abs=1e-4)
+    # the scored rewards 1.0 and 0.0 (sorted 0.0, 1.0): index round(q * 1) is 0 up to p25, 1 from p50
+    assert m["reward_quantiles"] == {"p10": 0.0, "p25": 0.0, "p50": 1.0, "p75": 1.0, "p90": 1.0}
 
 
 def test_token_ids_are_read_only_when_a_reward_can_read_them():
