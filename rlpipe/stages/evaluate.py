@@ -11,8 +11,8 @@ from rlpipe.config import EvaluateConfig, Params, ScoreConfig
 from rlpipe.data.io import read_artifact
 from rlpipe.data.schema import PROMPTS
 from rlpipe.data.view import prompt_view_columns, with_prompt_columns
-from rlpipe.errors import ConfigError
 from rlpipe.engines.base import GenerationEngine, PromptRequest, SamplingParams
+from rlpipe.errors import ConfigError
 from rlpipe.stages.generate import (GREEDY_TEMPERATURE, GenerateInputs, build_engine, multi_turn_setup, policy_tokens,
                                     resolve_engine, single_turn_columns)
 from rlpipe.stages.score import score_rows
