@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -56,14 +57,30 @@ def read_history(path: str | Path) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r.get("iteration", 0))
 
 
+BY_VALUE = "eval_accuracy_by."  # the history's per-value eval accuracy keys: eval_accuracy_by.<column>.<value>
+
+
 def eval_numbers(evaluate: dict[str, Any]) -> dict[str, Any]:
     """An evaluate metrics file's numbers in a history row: accuracy, mean reward and, per value of each
-    evaluate.metrics_by column, the accuracy as ``eval_accuracy/difficulty/hard`` (characters every tracker takes in
-    a metric name: MLflow refuses brackets and "=")."""
+    evaluate.metrics_by column, the accuracy as ``eval_accuracy_by.difficulty.hard``.
+
+    Why that spelling: a name every tracker takes. MLflow refuses brackets and "=" (any other character of a
+    value becomes "_"), DVCLive nests on "/" (``eval_accuracy/...`` would collide with ``eval_accuracy``).
+    """
     row = {"eval_accuracy": evaluate["accuracy"], "eval_reward_mean": evaluate["reward_mean"]}
     for column, values in sorted((evaluate.get("accuracy_by") or {}).items()):
-        row.update({f"eval_accuracy/{column}/{value}": accuracy for value, accuracy in values.items()})
+        row.update({f"{BY_VALUE}{_name_part(column)}.{_name_part(value)}": accuracy
+                    for value, accuracy in values.items()})
     return row
+
+
+def _name_part(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_\-. ]", "_", str(text))
+
+
+def is_eval_series(key: str) -> bool:
+    """Whether a history key is drawn by the eval curves (plots/eval.csv): accuracy, mean reward, per value."""
+    return key in ("eval_accuracy", "eval_reward_mean") or key.startswith(BY_VALUE)
 
 
 def baseline_row(baseline: dict[str, Any]) -> dict[str, Any]:
@@ -76,8 +93,7 @@ def write_history_csv(history: str | Path, out: str | Path, eval_out: str | Path
     and ``eval_out`` (when given): the eval numbers of every row, the baseline's first."""
     rows = read_history(history)
     if eval_out is not None:
-        write_rows([{k: v for k, v in r.items() if k == "iteration" or k.startswith("eval_")} for r in rows],
-                   eval_out)
+        write_rows([{k: v for k, v in r.items() if k == "iteration" or is_eval_series(k)} for r in rows], eval_out)
     return write_rows([r for r in rows if not r.get("baseline")], out)
 
 

@@ -66,7 +66,7 @@ def test_newcomer_init_repro_iterate_restore(tmp_path):
     assert "next: `dvc repro`" in iterated.stdout
     history = [json.loads(line) for line in (root / "history/iterations.jsonl").read_text().splitlines()]
     assert [h["iteration"] for h in history] == [-1, 0] and history[0]["baseline"]  # the starting model first
-    assert {f"eval_accuracy/difficulty/{v}" for v in by} <= set(history[0]) & set(history[1])
+    assert {f"eval_accuracy_by.difficulty.{v}" for v in by} <= set(history[0]) & set(history[1])
     assert run(["git", "status", "--porcelain"], root).stdout == ""  # nothing that defined it left out
     committed = run(["git", "show", "--name-only", "--format=", "iteration-0"], root).stdout.split()
     assert {"dvc.lock", "params.yaml", ".dvc/config", "artifacts/score/.gitignore",

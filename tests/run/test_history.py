@@ -38,7 +38,10 @@ def test_the_baseline_row_starts_the_eval_series_and_stays_out_of_the_train_one(
     of its row would be empty, which a DVC plot draws as 0."""
     evaluate = {"accuracy": 0.5, "reward_mean": 0.75, "accuracy_by": {"difficulty": {"easy": 1.0, "hard": 0.25}}}
     assert eval_numbers(evaluate) == {"eval_accuracy": 0.5, "eval_reward_mean": 0.75,
-                                      "eval_accuracy/difficulty/easy": 1.0, "eval_accuracy/difficulty/hard": 0.25}
+                                      "eval_accuracy_by.difficulty.easy": 1.0, "eval_accuracy_by.difficulty.hard": 0.25}
+    odd = eval_numbers({"accuracy": 0.5, "reward_mean": 0.75, "accuracy_by": {"src": {"openai/gsm8k": 0.5, "a=b[c]": 0.1}}})
+    assert set(odd) - {"eval_accuracy", "eval_reward_mean"} == {  # names MLflow and DVCLive take
+        "eval_accuracy_by.src.openai_gsm8k", "eval_accuracy_by.src.a_b_c_"}
     hist = tmp_path / "iterations.jsonl"
     baseline = baseline_row({"accuracy": 0.25, "reward_mean": 0.5})
     assert baseline == {"iteration": -1, "baseline": True, "policy_version": 0, "eval_accuracy": 0.25,
