@@ -72,6 +72,7 @@ def curve(prepared: Path, work: Path, name: str, updates: dict[str, object], ite
     start = time.time()
     sh(["rlpipe", "run", "-n", str(iterations)], root)
     rows = [json.loads(line) for line in (root / "history/iterations.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if not r.get("baseline")]  # the starting model's row: warm_start_accuracy below
     warm = json.loads((root / "metrics/prepare.json").read_text())
     return {"name": name, "warm_start_accuracy": warm.get("warmstart_eval_accuracy"), "rows": rows,
             "seconds_per_iteration": (time.time() - start) / iterations}

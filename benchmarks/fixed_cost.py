@@ -114,6 +114,7 @@ def gpu_params(model: str, prompts: int, group: int, new_tokens: int, prompt_wor
                train_tokens: int) -> dict:
     """The GPU settings of docs/your-own-model.md for this workload (GRPO, vLLM, bf16, compiled layers)."""
     return {
+        "paths": {"model_dir": model},  # the starting policy: the baseline stage evaluates it
         "policy": {"path": model, "latest_path": model}, "reference": {"path": model}, "critic": {"path": model},
         "reward_model": {"init": model, "device": "cuda", "dtype": "bfloat16"},
         "prepare": {"source": "files", "max_prompt_tokens": prompt_words + 8,

@@ -159,7 +159,7 @@ def main() -> None:
                                capture_output=True)
                 wall = time.perf_counter() - t0
                 history = [json.loads(line) for line in (project / "history/iterations.jsonl").read_text().splitlines()]
-                accuracy = [h["eval_accuracy"] for h in history]
+                accuracy = [h["eval_accuracy"] for h in history if not h.get("baseline")]  # trained iterations only
             else:
                 work.mkdir(parents=True, exist_ok=True)
                 t0 = time.perf_counter()

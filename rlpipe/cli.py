@@ -75,6 +75,7 @@ def init(directory: str = typer.Argument(..., help="the new project's directory 
     typer.echo(f"wrote {report.root}: {report.num_train} train and {report.num_eval} eval prompts, "
                "model in models/base, git and DVC initialised")
     typer.echo(PROMPT_FORMAT_LINES[report.prompt_format])
+    typer.echo(report.sizing)
     typer.echo(_offline_plots(report.root))
     if report.unset_options:
         typer.echo("next: fill in your reward's options in params.yaml (score.rewards, marked FILL_IN): "

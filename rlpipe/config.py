@@ -64,6 +64,8 @@ class PathsConfig:
     metrics_dir: str
     plots_dir: str
     history: str
+    # the baseline stage's eval rollouts (the starting model's); the default for older params files
+    baseline_eval_rollouts: str = "artifacts/baseline/eval_rollouts.parquet"
 
 
 @dataclass(frozen=True)
@@ -364,6 +366,9 @@ class EvaluateConfig:
     batch_size: int
     device: str
     dtype: Literal["float32", "bfloat16", "float16"]
+    # prompt columns (difficulty, data_source, ...: the user's columns of the eval file) to report accuracy, mean
+    # reward and length per value of, as verl reports validation metrics per data_source; () for older params files
+    metrics_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -507,6 +512,42 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     raise TypeError(f"unsupported config type {tp!r} at {where}")
 
 
+# A setting's name in TRL's GRPOConfig where it is not rlpipe's: a key written as TRL names it gets its rlpipe key.
+TRL_NAMES = {"learning_rate": "train.lr", "num_generations": "generate.group_size",
+             "max_completion_length": "generate.max_new_tokens", "num_iterations": "train.epochs",
+             "beta": "train.kl_beta", "epsilon": "train.eps_low", "epsilon_high": "train.eps_high"}
+
+
+def _dataclass_of(tp: Any) -> type | None:
+    """The config class a field holds (``X``, or ``X | None``), if any."""
+    options = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    return next((t for t in options if dataclasses.is_dataclass(t)), None)
+
+
+def _leaf_keys(cls: type, where: str) -> list[str]:
+    """Every dotted key below ``cls`` that holds a value, not a section."""
+    out = []
+    for name, tp in typing.get_type_hints(cls).items():
+        key = f"{where}.{name}".lstrip(".")
+        inner = _dataclass_of(tp)
+        out += _leaf_keys(inner, key) if inner else [key]
+    return out
+
+
+def _guess(key: str, cls: type, where: str, fields: list[str]) -> str | None:
+    """What an unknown ``key`` of section ``where`` most likely meant: a key of the same section spelt alike, TRL's
+    name of an rlpipe setting, or a key further down whose last part is spelt alike (``lr`` -> ``train.lr``)."""
+    same = difflib.get_close_matches(key, fields, n=1)
+    if same:
+        return same[0]
+    if key in TRL_NAMES and TRL_NAMES[key].startswith(where):
+        return TRL_NAMES[key]
+    leaves = [k for k in _leaf_keys(cls, where) if "." in k.removeprefix(f"{where}.")]
+    close = difflib.get_close_matches(key, sorted({k.rsplit(".", 1)[1] for k in leaves}), n=1)
+    found = [k for k in leaves if close and k.rsplit(".", 1)[1] == close[0]]
+    return found[0] if len(found) == 1 else None  # `device` is in six sections: no guess
+
+
 def _build(cls: type, data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping of keys, got {type(data).__name__}")
@@ -514,8 +555,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        guesses = {k: difflib.get_close_matches(str(k), list(fields), n=1) for k in unknown}
-        meant = [f"{f'{where}.{k}'.lstrip('.')} -> {g[0]}" for k, g in guesses.items() if g]
+        guesses = {k: _guess(str(k), cls, where, list(fields)) for k in unknown}
+        meant = [f"{f'{where}.{k}'.lstrip('.')} -> {g}" for k, g in guesses.items() if g]
         raise ConfigError(f"unknown key(s) {[f'{where}.{k}'.lstrip('.') for k in unknown]}; valid keys: {sorted(fields)}"
                           + (f"; did you mean: {', '.join(meant)}?" if meant else ""))
     kwargs = {}

@@ -44,10 +44,11 @@ def ids(text: str, *, eos: bool) -> list[int]:
     return [CHAR_IDS[c] for c in text] + ([EOS] if eos else [])
 
 
-def _prompts(texts: list[str], answers: list[str]) -> pl.DataFrame:
+def _prompts(texts: list[str], answers: list[str], columns: dict[str, list] | None = None) -> pl.DataFrame:
+    """A prompt table; ``columns``: the user's own (schema.PROMPTS' user columns), as a prompt file gives them."""
     return pl.DataFrame({"prompt_id": list(range(len(texts))), "prompt": texts,
                          "prompt_token_ids": [[1, *ids(t, eos=False)] for t in texts], "answer": answers,
-                         "metadata": ["{}"] * len(texts)})
+                         "metadata": ["{}"] * len(texts), **(columns or {})})
 
 
 def eval_frame(correct: list[bool], version: int) -> pl.DataFrame:
@@ -63,11 +64,13 @@ def eval_frame(correct: list[bool], version: int) -> pl.DataFrame:
 
 
 def make_project(root: Path, *, eval_correct: list[bool] = (True, False, False, True), version: int = 0,
-                 with_tokenizer: bool = True, reward_weight: float | None = None) -> Path:
+                 with_tokenizer: bool = True, reward_weight: float | None = None,
+                 prompt_columns: tuple[dict, dict] = ({}, {})) -> Path:
     """Write params.yaml, every artifact of one iteration, metrics and (optionally) a tokenizer under ``root``.
 
     ``reward_weight``: params.yaml's weight of exact_answer (score.rewards); none by default. The rewards
-    above are 1.5 x exact_answer, so 1.5 is the weight they were scored with.
+    above are 1.5 x exact_answer, so 1.5 is the weight they were scored with. ``prompt_columns``: (train, eval)
+    user columns of the prompt tables.
     """
     a = lambda key: root / PATHS[key]  # noqa: E731
     root.mkdir(parents=True, exist_ok=True)
@@ -79,8 +82,9 @@ def make_project(root: Path, *, eval_correct: list[bool] = (True, False, False, 
     sidx = [k[1] for k in KEYS]
     tokens = [ids(t, eos=len(t) == 1) for t in TEXTS]
     meta = {"policy_version": version}
-    write_artifact(_prompts(["1+1=", "2+3=", "4+4="], ["2", "5", "8"]), a("train_prompts"), PROMPTS)
-    write_artifact(_prompts(EVAL_PROMPTS, EVAL_ANSWERS), a("eval_prompts"), PROMPTS)
+    write_artifact(_prompts(["1+1=", "2+3=", "4+4="], ["2", "5", "8"], prompt_columns[0]), a("train_prompts"),
+                   PROMPTS)
+    write_artifact(_prompts(EVAL_PROMPTS, EVAL_ANSWERS, prompt_columns[1]), a("eval_prompts"), PROMPTS)
     write_artifact(single_turn_columns(pl.DataFrame({
         "prompt_id": pid, "sample_idx": sidx, "policy_version": [version] * 6, "sample_seed": list(range(6)),
         "prompt_token_ids": [[1, *ids(p, eos=False)] for p in ["1+1="] * 2 + ["2+3="] * 2 + ["4+4="] * 2],

@@ -33,7 +33,8 @@ def words(n: int, seed: int) -> list[str]:
 def write_prompts(path: Path, items: list[str]) -> Path:
     with path.open("w") as f:
         for w in items:
-            f.write(json.dumps({"prompt": f"reverse: {w}", "answer": w[::-1], "word": w}) + "\n")
+            f.write(json.dumps({"prompt": f"reverse: {w}", "answer": w[::-1], "word": w,
+                                "difficulty": "easy" if len(w) <= 3 else "hard"}) + "\n")
     return path
 
 

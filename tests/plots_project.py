@@ -1,10 +1,10 @@
 """A DVC project with this repository's dvc.yaml and params.yaml and hand-made plot data, no `dvc repro`.
 
 `dvc plots show` reads only the plot files that dvc.yaml names, so the charts of a real run can be
-drawn in a second: ``ITERATIONS`` rows of plots/iterations.csv (written by rlpipe.run.history, as
-`rlpipe iterate` writes it) and ``STEPS`` rows of plots/train_steps.csv (rlpipe.training.report's
-columns). Every chart of dvc.yaml then has data: 13 charts, drawn with the chart templates of
-.dvc/plots/ (copied as `rlpipe init` copies them).
+drawn in a second: ``ITERATIONS`` rows of plots/iterations.csv and, the baseline's first, plots/eval.csv
+(written by rlpipe.run.history, as `rlpipe iterate` writes them) and ``STEPS`` rows of plots/train_steps.csv
+(rlpipe.training.report's columns). Every chart of dvc.yaml then has data: 13 charts, drawn with the chart
+templates of .dvc/plots/ (copied as `rlpipe init` copies them).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from rlpipe.project.init import CHART_TEMPLATES
-from rlpipe.run.history import write_history_csv
+from rlpipe.run.history import baseline_row, write_history_csv
 from rlpipe.training.report import write_steps_csv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,8 +43,9 @@ def step_rows(n: int = STEPS) -> list[dict[str, float]]:
              "kl_ref": 0.02 * s} for s in range(n)]
 
 
-def make_plots_project(root: Path, *, iterations: int = ITERATIONS) -> Path:
-    """``root`` as a DVC project (no git) whose `dvc plots show` draws every chart of dvc.yaml."""
+def make_plots_project(root: Path, *, iterations: int = ITERATIONS, baseline: bool = False) -> Path:
+    """``root`` as a DVC project (no git) whose `dvc plots show` draws every chart of dvc.yaml; ``baseline``: the
+    history starts with the baseline stage's row (the starting model's eval, at iteration -1), as a real run's does."""
     root.mkdir(parents=True, exist_ok=True)
     for name in ("dvc.yaml", "params.yaml"):
         shutil.copy2(REPO / name, root / name)
@@ -52,7 +53,8 @@ def make_plots_project(root: Path, *, iterations: int = ITERATIONS) -> Path:
     shutil.copytree(REPO / CHART_TEMPLATES, root / CHART_TEMPLATES)
     history = root / "history" / "iterations.jsonl"
     history.parent.mkdir(parents=True, exist_ok=True)
-    history.write_text("".join(json.dumps(r) + "\n" for r in history_rows(iterations)))
-    write_history_csv(history, root / "plots" / "iterations.csv")
+    start = [baseline_row({"accuracy": 0.32, "reward_mean": 0.7})] if baseline else []
+    history.write_text("".join(json.dumps(r) + "\n" for r in [*start, *history_rows(iterations)]))
+    write_history_csv(history, root / "plots" / "iterations.csv", root / "plots" / "eval.csv")
     write_steps_csv(str(root / "plots" / "train_steps.csv"), step_rows())
     return root

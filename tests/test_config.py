@@ -17,6 +17,7 @@ from rlpipe.errors import ConfigError
 from tests.shipped import shipped_params
 
 PARAMS = shipped_params()  # the repo's params.yaml as shipped (tests/shipped.py)
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -499,6 +500,33 @@ def test_the_shipped_params_do_not_depend_on_the_iterations_this_checkout_ran(tm
     assert load_params(ran).iteration == 7
     set_params(ran, starting_state(load_params(ran)))
     assert load_params(ran) == load_params(PARAMS)
+
+
+def test_a_key_in_the_wrong_place_or_named_as_trl_names_it_gets_the_rlpipe_key(tmp_path, data):
+    data["learning_rate"] = 1e-5  # TRL's name, at the top level: `dvc repro`'s check_params stage shows this
+    assert config_error(dump(tmp_path, data)).endswith("did you mean: learning_rate -> train.lr?")
+    del data["learning_rate"]
+    data["group_size"] = 4  # a key of a section, written at the top level
+    assert config_error(dump(tmp_path, data)).endswith("did you mean: group_size -> generate.group_size?")
+    del data["group_size"]
+    data["device"] = "cuda"  # in six sections: no single guess
+    assert "did you mean" not in config_error(dump(tmp_path, data))
+
+
+def test_the_check_params_stage_refuses_an_unknown_key_with_exit_2(tmp_path, data):
+    import subprocess
+    import sys
+
+    data["learning_rate"] = 1e-5
+    path = dump(tmp_path, data)
+    proc = subprocess.run([sys.executable, "stages/check_params.py", "--params", str(path)], cwd=REPO,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"rlpipe check_params: error: {path}: unknown key(s) ['learning_rate']")
+    del data["learning_rate"]
+    ok = subprocess.run([sys.executable, "stages/check_params.py", "--params", str(dump(tmp_path, data))], cwd=REPO,
+                        capture_output=True, text=True, check=False)
+    assert (ok.returncode, ok.stderr) == (0, "")
 
 
 @pytest.mark.parametrize("setting, staleness, applied", [("auto", 0, None), ("auto", 1, 2.0), ("auto", 3, 2.0),

@@ -172,13 +172,15 @@ def _conform(df: pl.DataFrame, schema: ArtifactSchema, source: str, *, allow_cas
     missing = [c for c in (schema.column_names if only is None else only) if c not in df.columns]
     if missing:
         raise ArtifactError(f"{source}: missing column(s) {missing} required by the {schema.name!r} schema")
-    extra = [c for c in df.columns if c not in schema.column_by_name and not schema.is_dynamic(c)]
+    extra = [c for c in df.columns
+             if c not in schema.column_by_name and not schema.is_dynamic(c) and not schema.is_user_column(c)]
     if extra:
         allowed = f" (or columns starting with {schema.dynamic_prefix!r})" if schema.dynamic_prefix else ""
         raise ArtifactError(
             f"{source}: unexpected column(s) {extra}; the {schema.name!r} schema has {schema.column_names}{allowed}")
-    dynamic = [c for c in df.columns if c not in schema.column_by_name]
-    expected = schema.polars_schema(dynamic)
+    dynamic = [c for c in df.columns if schema.is_dynamic(c)]
+    user = {c: df.schema[c] for c in df.columns if schema.is_user_column(c)}  # typed as the user's file has them
+    expected = schema.polars_schema(dynamic, user)
     if only is not None:
         expected = {name: dtype for name, dtype in expected.items() if name in df.columns}
     columns = []

@@ -61,6 +61,9 @@ class ArtifactSchema:
     dynamic_dtype: pl.DataType | None = None
     dynamic_doc: str = ""
     footer: tuple[tuple[str, str], ...] = ()  # (key, meaning) of optional entries in the footer metadata
+    # Non-empty: the table also holds the user's own columns, any other name, each with the dtype the user's
+    # file gave it, after the schema's columns in the file's order (the prompt tables' metadata columns).
+    user_columns_doc: str = ""
     column_by_name: dict[str, Column] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -77,10 +80,15 @@ class ArtifactSchema:
     def is_dynamic(self, name: str) -> bool:
         return self.dynamic_prefix is not None and name.startswith(self.dynamic_prefix)
 
-    def polars_schema(self, extra_columns: list[str] = ()) -> pl.Schema:
-        """The canonical polars schema, with any dynamic columns appended in sorted order."""
+    def is_user_column(self, name: str) -> bool:
+        return bool(self.user_columns_doc) and name not in self.column_by_name and not self.is_dynamic(name)
+
+    def polars_schema(self, extra_columns: list[str] = (), user_columns: dict[str, pl.DataType] | None = None
+                      ) -> pl.Schema:
+        """The canonical polars schema: dynamic columns appended in sorted order, then the user's columns as given."""
         items = [(c.name, c.dtype) for c in self.columns]
         items += [(name, self.dynamic_dtype) for name in sorted(extra_columns)]
+        items += list((user_columns or {}).items())
         return pl.Schema(items)
 
 
@@ -104,6 +112,10 @@ PROMPTS = ArtifactSchema(
     ),
     footer=((PROMPT_MESSAGES_KEY, "conversational files only: the `metadata` field holding each prompt's "
                                   "{role, content} messages (the file's prompt column)"),),
+    user_columns_doc="Every other column of the user's prompt file (`difficulty`, `source`, ...), typed as the file "
+                     "has it: one join on prompt_id away from every per-sample table (the rollout view: docs/inspect.md, "
+                     "rlpipe/data/view.py). Not the prompt column (`prompt` holds it rendered, `metadata` as given), nor an "
+                     "answer column named `answer`; a name an rlpipe table uses gets the prefix `user_`.",
 )
 
 POLICY_MASK = Column(
@@ -307,6 +319,25 @@ ARTIFACTS: dict[str, ArtifactSchema] = {
 }
 
 
+USER_COLUMN_PREFIX = "user_"
+# Every name an rlpipe table uses: a user's prompt column of one of these names is renamed (`user_column_name`).
+RLPIPE_COLUMN_NAMES = frozenset(c.name for s in ARTIFACTS.values() for c in s.columns)
+
+
+def user_column_name(name: str) -> str:
+    """A user's column's name in the prompt tables: its own, unless an rlpipe table uses it (then ``user_`` + it).
+
+    Why: the rollout view joins a prompt table onto per-sample tables, and must never hold two columns of one name.
+
+    >>> user_column_name("difficulty")
+    'difficulty'
+    >>> user_column_name("reward"), user_column_name("reward_len")
+    ('user_reward', 'user_reward_len')
+    """
+    taken = name in RLPIPE_COLUMN_NAMES or any(s.is_dynamic(name) for s in ARTIFACTS.values())
+    return USER_COLUMN_PREFIX + name if taken else name
+
+
 def get_schema(name: str) -> ArtifactSchema:
     try:
         return ARTIFACTS[name]
@@ -325,6 +356,8 @@ def markdown_table() -> str:
                        f"{'yes' if c.per_token else 'no'} | {c.doc} |")
         if s.dynamic_prefix:
             out.append(f"| `{s.dynamic_prefix}<name>` | {s.dynamic_dtype} | yes | no | {s.dynamic_doc} |")
+        if s.user_columns_doc:
+            out.append(f"| any other name | the file's | yes | no | {s.user_columns_doc} |")
         out.append("")
         if s.footer:
             out += [f"Footer metadata: {'; '.join(f'`{key}`: {doc}' for key, doc in s.footer)}.", ""]

@@ -19,7 +19,7 @@ from rlpipe.config import UNSET_OPTION, load_params
 from rlpipe.data.io import atomic_path
 from rlpipe.data.conversation import CONVERSATIONAL, same_format
 from rlpipe.errors import ArtifactError, ConfigError
-from rlpipe.project import pipeline, sources
+from rlpipe.project import pipeline, sizing, sources
 
 MODEL_DIR = "models/base"
 DATA_DIR = "data"
@@ -52,6 +52,7 @@ class InitReport:
     num_train: int
     num_eval: int
     prompt_format: str  # "standard" or "conversational" (rlpipe.data.conversation)
+    sizing: str = ""  # what init chose from the model's parameter count, and why (rlpipe.project.sizing)
 
     @property
     def unset_options(self) -> list[str]:
@@ -114,10 +115,12 @@ def _fill(root: Path, template: Path, *, model, train, eval_, rewards, prompt_co
                                                columns_by_file=columns_by_file, answer_column=answer_column)
                          for name in rewards)
     reward_files = sorted({f for r in user_rewards for f in r.files})
-    per_iteration = yaml.safe_load((template / "params.yaml").read_text())["generate"]["prompts_per_iteration"]
+    defaults = yaml.safe_load((template / "params.yaml").read_text())
+    per_iteration = defaults["generate"]["prompts_per_iteration"]
     if "generate.prompts_per_iteration" not in settings and tables["train"].height < per_iteration:
         # every prompt, every iteration: said here once instead of by generate at every iteration
         settings = {**settings, "generate.prompts_per_iteration": tables["train"].height}
+    settings, sizing_line = _fitting(root / MODEL_DIR, settings, defaults)
     shutil.copytree(template / "stages", root / "stages", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (root / "dvc.yaml").write_text(pipeline.project_dvc_yaml((template / "dvc.yaml").read_text(),
                                                              reward_files=reward_files))
@@ -130,7 +133,22 @@ def _fill(root: Path, template: Path, *, model, train, eval_, rewards, prompt_co
     if not _unset(user_rewards):
         load_params(root / "params.yaml")  # the written file passes the strict loader (unless options wait)
     return InitReport(root=root, rewards=user_rewards, num_train=tables["train"].height,
-                      num_eval=tables["eval"].height, prompt_format=prompt_format)
+                      num_eval=tables["eval"].height, prompt_format=prompt_format, sizing=sizing_line)
+
+
+def _fitting(model_dir: Path, settings: dict[str, Any], defaults: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """``settings`` with the learning rate and batch settings that fit the model's size under them (a value the
+    user set wins), and the line saying what was chosen (`rlpipe.project.sizing`)."""
+    num_parameters = sizing.count_parameters(model_dir)
+    group = settings.get("generate.group_size", defaults["generate"]["group_size"])
+    prompts = settings.get("generate.prompts_per_iteration", defaults["generate"]["prompts_per_iteration"])
+    chosen = {} if num_parameters is None else sizing.fitting_settings(
+        num_parameters, samples_per_iteration=prompts * group, micro_batch_size=settings.get("train.micro_batch_size"))
+    fitting = {k: v for k, v in chosen.items() if k not in settings}
+    if "train.minibatch_size" in settings and "train.micro_batch_size" in fitting:  # never above the user's mini-batch
+        fitting["train.micro_batch_size"] = min(fitting["train.micro_batch_size"], settings["train.minibatch_size"])
+    kept = {"train.lr": defaults["train"]["lr"], "train.epochs": defaults["train"]["epochs"]}
+    return {**fitting, **settings}, sizing.describe(num_parameters, fitting, kept)
 
 
 def refresh_stages(dest: str | Path) -> list[str]:

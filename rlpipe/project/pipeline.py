@@ -2,7 +2,7 @@
 
 dvc.yaml: the same stages and commands. What changes is what a stage depends on: the user's
 prompt files and tokenizer (for `prepare`, which then builds no tiny model) and reward modules
-(for `score` and `evaluate`) are added; rlpipe's own modules (``rlpipe/...``) are dropped, since a
+(for `score`, `evaluate` and `baseline`) are added; rlpipe's own modules (``rlpipe/...``) are dropped, since a
 project runs the installed package (the copied stage scripts stay deps).
 
 params.yaml: rlpipe's file with its comments, every path that named the tiny model pointed at the
@@ -24,8 +24,8 @@ from rlpipe.errors import ConfigError
 from rlpipe.project.sources import UserReward
 from rlpipe.run.params_file import set_params
 
-MODEL_KEYS = ("policy.path", "policy.latest_path", "reference.path", "critic.path", "reward_model.init",
-              "prepare.files.tokenizer_path")
+MODEL_KEYS = ("paths.model_dir", "policy.path", "policy.latest_path", "reference.path", "critic.path",
+              "reward_model.init", "prepare.files.tokenizer_path")  # paths.model_dir: the starting policy (baseline)
 DEVICE_KEYS = ("generate", "reference_logprob", "values", "train", "reward_model", "evaluate")
 
 
@@ -54,7 +54,7 @@ def project_dvc_yaml(template: str, *, reward_files: Sequence[str]) -> str:
         if name == "prepare":
             stage["deps"] += ["${prepare.files.train}", "${prepare.files.eval}", "${prepare.files.tokenizer_path}"]
             stage["outs"] = [o for o in stage["outs"] if o != "${paths.model_dir}"]
-        if name in ("score", "evaluate"):
+        if name in ("score", "evaluate", "baseline"):
             stage["deps"] += list(reward_files)
     header = ("# One iteration, written by `rlpipe init` from rlpipe's dvc.yaml (stages, commands, params).\n"
               "# Each stage depends on its stage script, its inputs and the params it reads; rlpipe's own\n"

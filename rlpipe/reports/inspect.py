@@ -28,6 +28,7 @@ from rlpipe.data.decode import TokenDecoder, fallback_pieces, find_decoder
 from rlpipe.data.io import Artifact, join_on_keys, read_artifact, read_metadata
 from rlpipe.data.schema import (ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS,
                            component_column, get_schema)
+from rlpipe.data.view import prompt_view_columns, with_prompt_columns
 from rlpipe.errors import ArtifactError
 from rlpipe.reports import sources
 from rlpipe.reports.look_here import look_here
@@ -192,7 +193,7 @@ def joined_frame(loaded: Loaded) -> tuple[pl.DataFrame, list[str]]:
             warnings.append(f"{role} not joined: {e}")
     prompts = loaded.artifacts.get("prompts")
     if prompts is not None and "prompt_id" in frame.columns:
-        frame = frame.join(prompts.frame.select("prompt_id", "prompt", "answer"), on="prompt_id", how="left")
+        frame = with_prompt_columns(frame, prompts.frame)  # the rollout view (rlpipe.data.view)
         unknown = frame.filter(pl.col("prompt").is_null())["prompt_id"].unique()
         if unknown.len():
             warnings.append(f"{unknown.len()} prompt_id(s) not in {prompts.path}, e.g. {unknown[0]}")
@@ -390,9 +391,14 @@ def select_rows(frame: pl.DataFrame, *, show: int | None, prompt_ids: list[int] 
     if prompt_ids:
         if "prompt_id" not in frame.columns:
             raise ArtifactError("--prompt-id: the inspected table has no prompt_id column")
+        present = frame["prompt_id"].unique().sort()
         frame = frame.filter(pl.col("prompt_id").is_in(prompt_ids))
         if frame.height == 0:
-            raise ArtifactError(f"--prompt-id {prompt_ids}: no such prompt among the selected rows")
+            asked = ", ".join(map(str, prompt_ids))
+            some = ", ".join(map(str, present.head(5).to_list()))
+            raise ArtifactError(f"--prompt-id {asked}: no such prompt among the selected rows ({present.len()} "
+                                f"prompts{f', e.g. {some}' if some else ''}: an iteration samples "
+                                "generate.prompts_per_iteration of the train prompts)")
         return (frame if show is None else frame.head(show)), "prompt", {}
     if sorted_by_user:
         return (frame if show is None else frame.head(show)), "sorted", {}
@@ -407,21 +413,32 @@ SCALAR_FIELDS = ("prompt_id", "sample_idx", "reward", "correct", "advantage", "c
                  "seq_mismatch_max", "seq_log_ratio_max", "seq_entropy")
 
 
+def user_columns(loaded: Loaded) -> list[str]:
+    """The prompt file's own columns (difficulty, source, ...) that the joined rows hold (schema.PROMPTS)."""
+    prompts = loaded.artifacts.get("prompts")
+    if prompts is None:
+        return []
+    return [c for c in prompt_view_columns(prompts.frame.columns) if PROMPTS.is_user_column(c)]
+
+
 def row_records(rows: pl.DataFrame, *, decoder: TokenDecoder | None, color_by: str | None,
                 duplicates: dict[tuple, list[int]] | None = None,
-                weights: dict[str, float] | None = None) -> list[dict[str, Any]]:
+                weights: dict[str, float] | None = None, prompt_columns: list[str] = ()
+                ) -> list[dict[str, Any]]:
     """JSON-ready rows: scalar fields, reward components, prompt text, token texts and per-token values.
 
     ``same_completion`` lists the sample_idx of the group's other samples with identical tokens (only
     when the informative order collapsed them); ``token_advantage_mean`` is set where the estimator
     has no sequence advantage; ``least_likely`` holds the least likely sampled tokens (``least_likely``);
-    ``component_weights`` the reward weights (``weights``: component -> weight) when known.
+    ``component_weights`` the reward weights (``weights``: component -> weight) when known;
+    ``prompt_columns`` holds the row's values of those user columns.
     """
     per_token = [c for c in COLOR_COLUMNS if c in rows.columns]
     records = []
     for row in rows.iter_rows(named=True):
         rec: dict[str, Any] = {k: _json_value(row[k]) for k in SCALAR_FIELDS if k in row}
         rec["same_completion"] = list((duplicates or {}).get((row.get("prompt_id"), row.get("sample_idx")), []))
+        rec["prompt_columns"] = {c: _json_value(row[c]) for c in prompt_columns if c in row}
         if row.get("advantage") is None and row.get("token_advantages") is not None:
             tokens = [v for v in row["token_advantages"] if v is not None]
             rec["token_advantage_mean"] = _num(sum(tokens) / len(tokens)) if tokens else None
@@ -499,7 +516,13 @@ def weights_mismatch(frame: pl.DataFrame, weights: dict[str, float]) -> str | No
 def _json_value(v: Any) -> Any:
     if isinstance(v, float):
         return _num(v)
-    return v
+    if isinstance(v, (list, tuple)):
+        return [_json_value(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _json_value(x) for k, x in v.items()}
+    if v is None or isinstance(v, (str, int, bool)):
+        return v
+    return str(v)  # a user column's date, time, decimal, bytes...: its text
 
 
 def inspect_data(target: str | Path, *, eval_view: bool = False, where: str | None = None, sort: str | None = None,
@@ -544,7 +567,8 @@ def inspect_data(target: str | Path, *, eval_view: bool = False, where: str | No
     decoder = decoder or find_decoder(loaded.model_dirs)
     rows, order, dups = select_rows(frame, show=show, prompt_ids=prompt_ids, sorted_by_user=bool(sort))
     summary["selection"].update(order=order, order_note=ORDER_NOTES[order], rows_shown=rows.height)
-    result["rows"] = row_records(rows, decoder=decoder, color_by=color, duplicates=dups, weights=weights)
+    result["rows"] = row_records(rows, decoder=decoder, color_by=color, duplicates=dups, weights=weights,
+                                 prompt_columns=user_columns(loaded))
     result["color_by"] = color
     result["tokenizer"] = str(decoder.path) if decoder else None
     if "prompt_id" in full.columns and rows.height:

@@ -401,6 +401,7 @@ def group_header(pid: Any, group: dict[str, Any] | None, rec: dict[str, Any]) ->
     parts = [f"prompt {pid}"]
     if rec.get("answer") is not None:
         parts.append(f"answer {rec['answer']}")
+    parts += [f"{name} {fmt(value)}" for name, value in (rec.get("prompt_columns") or {}).items()]
     if group:
         size = group["size"]
         counts = f"{size} sample{'s' if size != 1 else ''}"

@@ -36,7 +36,8 @@ from rlpipe.config import Params, load_params
 from rlpipe.data.io import atomic_path, read_json, read_policy_version
 from rlpipe.errors import RlpipeError
 from rlpipe.run import dvc, policies, record
-from rlpipe.run.history import HISTORY_CSV, chart_columns, write_history_csv
+from rlpipe.run.history import (BASELINE_ITERATION, EVAL_CSV, HISTORY_CSV, baseline_row, chart_columns,
+                                eval_numbers, write_history_csv)
 from rlpipe.run.params_file import set_params
 from rlpipe.run.repo import STATE_CRITIC, STATE_POLICY, STATE_REFERENCE, STATE_SAMPLER, run_command, tag_name
 
@@ -117,8 +118,7 @@ def history_row(params: Params, root: Path) -> dict[str, Any]:
         "explained_variance": train.get("explained_variance"),
         "value_loss": train.get("value_loss"),
         "iteration": params.iteration,
-        "eval_accuracy": evaluate["accuracy"],
-        "eval_reward_mean": evaluate["reward_mean"],
+        **eval_numbers(evaluate),
         "train_reward_mean": score["reward_mean"],
         "train_accuracy": score["accuracy"],
         "length_mean": gen["length_mean"],
@@ -130,6 +130,25 @@ def history_row(params: Params, root: Path) -> dict[str, Any]:
         "reference_version": params.reference.version,
         **chart_columns(generate=gen, score=score, evaluate=evaluate),
     }
+
+
+def read_baseline(root: Path, params: Params) -> dict[str, Any] | None:
+    """The baseline stage's history row (the starting model's eval), or None where the pipeline has no baseline
+    stage (a project made before it) or it has not run."""
+    path = root / params.paths.metrics_dir / "baseline.json"
+    return baseline_row(read_json(path)) if path.is_file() else None
+
+
+def write_history(path: Path, row: dict[str, Any], *, baseline: dict[str, Any] | None) -> None:
+    """Put ``row`` into the history file in place of any earlier row of its iteration, and the baseline row in
+    place of any earlier one (its metrics are the baseline stage's current ones)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    previous = path.read_text() if path.is_file() else ""
+    replaced = {row["iteration"], *([BASELINE_ITERATION] if baseline else [])}
+    kept = [ln for ln in previous.splitlines() if ln.strip() and json.loads(ln)["iteration"] not in replaced]
+    rows = [*([json.dumps(baseline, sort_keys=True)] if baseline else []), *kept, json.dumps(row, sort_keys=True)]
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(line + "\n" for line in rows))
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
@@ -234,12 +253,9 @@ def advance(root: str | Path = ".", *, params_file: str = "params.yaml", commit:
 
     row = history_row(params, root)
     hist = root / params.paths.history
-    hist.parent.mkdir(parents=True, exist_ok=True)
-    previous = hist.read_text() if hist.is_file() else ""
-    kept = [ln for ln in previous.splitlines() if ln.strip() and json.loads(ln)["iteration"] != k]
-    with atomic_path(hist) as tmp:
-        tmp.write_text("".join(line + "\n" for line in [*kept, json.dumps(row, sort_keys=True)]))
-    write_history_csv(hist, root / params.paths.plots_dir / HISTORY_CSV)  # the same rows as a DVC plot
+    write_history(hist, row, baseline=read_baseline(root, params))
+    plots = root / params.paths.plots_dir
+    write_history_csv(hist, plots / HISTORY_CSV, plots / EVAL_CSV)  # the same rows as DVC plots
     if params.iterate.trackers:  # DVCLive, TensorBoard, W&B, MLflow: before the commit, which holds dvclive/
         from rlpipe.tracking.forward import forward
 

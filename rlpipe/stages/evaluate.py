@@ -1,6 +1,8 @@
 """The evaluate stage's logic: greedy answers of a policy on held-out prompts, judged like training rewards."""
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
 import polars as pl
@@ -8,7 +10,9 @@ import polars as pl
 from rlpipe.config import EvaluateConfig, Params, ScoreConfig
 from rlpipe.data.io import read_artifact
 from rlpipe.data.schema import PROMPTS
+from rlpipe.data.view import prompt_view_columns, with_prompt_columns
 from rlpipe.engines.base import GenerationEngine, PromptRequest, SamplingParams
+from rlpipe.errors import ConfigError
 from rlpipe.stages.generate import (GREEDY_TEMPERATURE, GenerateInputs, build_engine, multi_turn_setup, policy_tokens,
                                     resolve_engine, single_turn_columns)
 from rlpipe.stages.score import score_rows
@@ -56,6 +60,10 @@ def evaluate_policy(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: Eva
         "truncation_rate": float(frame["truncated"].mean()),
         "scorer_errors": score_m["errors"],
     }
+    if cfg.metrics_by:
+        metrics["by"] = metrics_by(frame, prompts, cfg.metrics_by)
+        metrics["accuracy_by"] = {column: {value: m["accuracy"] for value, m in values.items()}
+                                  for column, values in metrics["by"].items()}
     if multi_turn is not None:
         metrics.update({"tool_use_rate": float((frame["num_tool_calls"] > 0).mean()),
                         "turns_mean": float(frame["num_turns"].mean()),
@@ -64,10 +72,50 @@ def evaluate_policy(engine: GenerationEngine, prompts: pl.DataFrame, *, cfg: Eva
     return frame, metrics
 
 
+def metrics_by(frame: pl.DataFrame, prompts: pl.DataFrame, columns: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The eval numbers per value of each prompt column of ``columns`` (evaluate.metrics_by), as verl reports its
+    validation metrics per data_source: ``{column: {value: {num_prompts, accuracy, reward_mean, length_mean}}}``.
+
+    The rows get their prompt's columns through the rollout view (`rlpipe.data.view`); values are keyed by their
+    text (null: "null"; booleans: "true"/"false"), in the column's sort order, null last. Accuracy is over the
+    judged rows, as the overall one is (None when none was judged).
+    """
+    check_metrics_by(prompts, columns)
+    viewed = with_prompt_columns(frame, prompts)
+    out: dict[str, dict[str, Any]] = {}
+    for column in columns:
+        groups = viewed.group_by(column).agg(
+            pl.len().alias("num_prompts"), pl.col("correct").mean().alias("accuracy"),
+            pl.col("reward").mean().alias("reward_mean"), pl.col("completion_length").cast(pl.Float64).mean()
+            .alias("length_mean")).sort(column, nulls_last=True)
+        out[column] = {value_key(row.pop(column)): row for row in groups.iter_rows(named=True)}
+    return out
+
+
+def check_metrics_by(prompts: pl.DataFrame, columns: Sequence[str]) -> None:
+    """Refuse an evaluate.metrics_by column the eval prompt table lacks, or one of lists (before any generation)."""
+    known = prompt_view_columns(prompts.columns)
+    for column in columns:
+        if column not in known:
+            raise ConfigError(f"evaluate.metrics_by: the eval prompt table has no column {column!r}; its columns: "
+                              f"{', '.join(known)}")
+        if prompts.schema[column].is_nested():
+            raise ConfigError(f"evaluate.metrics_by: column {column!r} holds {prompts.schema[column]}; name a "
+                              "column of single values (text, numbers, booleans)")
+
+
+def value_key(value: Any) -> str:
+    """A column value as a metrics key: its text; booleans as JSON writes them, null as "null"."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return str(value)
+
+
 def read_inputs(p: Params, prompts_path: str, policy: str) -> GenerateInputs:
     """The held-out prompts, the policy's tokenizer and EOS ids, checked to fit its context; for multi-turn
     (generate.environment) the same environment and limits as generate, before any weight is loaded."""
     table = read_artifact(prompts_path, PROMPTS).frame
+    check_metrics_by(table, p.evaluate.metrics_by)
     env = p.generate.environment
     tokenizer, eos = policy_tokens(
         policy, table, max_new_tokens=env.max_total_tokens if env.multi_turn else p.evaluate.max_new_tokens,

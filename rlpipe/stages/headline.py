@@ -19,8 +19,20 @@ HEADLINE_KEYS: dict[str, tuple[str, ...]] = {
     "score": ("accuracy", "reward_mean"),
     "advantage": ("zero_variance_fraction",),
     "train": ("kl_ref", "approx_kl_old", "clip_fraction"),
-    "evaluate": ("accuracy", "reward_mean", "length_mean"),
+    "evaluate": ("accuracy", "reward_mean", "length_mean", "accuracy_by"),  # accuracy_by: evaluate.metrics_by's
 }
+HEADLINE_KEYS["baseline"] = HEADLINE_KEYS["evaluate"]  # the evaluate script on the starting model (dvc.yaml)
+
+
+# The full metrics files dvc.yaml's stages write, by name (a test keeps them in step with dvc.yaml): only these get
+# a headline beside them, so that a stage script run by hand with ``--metrics /tmp/base.json`` leaves no stray
+# ``/tmp/headline/base.json``.
+PIPELINE_METRICS = frozenset({"prepare", "generate", "train_reward_model", "score", "reference_logprob", "values",
+                              "advantage", "train", "evaluate", "baseline"})
+
+
+def writes_headline(metrics_path: str | Path) -> bool:
+    return Path(metrics_path).suffix == ".json" and Path(metrics_path).stem in PIPELINE_METRICS
 
 
 def headline_path(metrics_path: str | Path) -> Path:
@@ -31,7 +43,7 @@ def headline_path(metrics_path: str | Path) -> Path:
 
 def headline(stage: str, metrics: dict[str, Any]) -> dict[str, Any]:
     """The stage's headline numbers that it measured (a key it did not write is left out) and its seconds."""
-    out = {k: metrics[k] for k in HEADLINE_KEYS.get(stage, ()) if isinstance(metrics.get(k), (int, float))}
+    out = {k: metrics[k] for k in HEADLINE_KEYS.get(stage, ()) if isinstance(metrics.get(k), (int, float, dict))}
     seconds = metrics.get("seconds")
     if isinstance(seconds, dict) and "total" in seconds:
         out["seconds"] = seconds["total"]

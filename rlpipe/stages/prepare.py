@@ -19,7 +19,7 @@ from rlpipe.config import PrepareConfig, PromptFilesConfig
 from rlpipe.data.conversation import (CONVERSATIONAL, checked_messages, column_format, ends_with_reply,
                                       prompt_format, require_chat_template, same_format)
 from rlpipe.data.io import read_table_file
-from rlpipe.data.schema import PROMPT_MESSAGES_KEY
+from rlpipe.data.schema import PROMPT_MESSAGES_KEY, user_column_name
 from rlpipe.errors import ArtifactError, ConfigError
 
 
@@ -59,8 +59,12 @@ def tokenize_prompt(prompt: Any, tokenizer: Any, *, max_prompt_tokens: int, chat
 
 
 def prompt_table(rows: Sequence[dict[str, Any]], tokenizer: Any, *, max_prompt_tokens: int, chat_template: bool,
-                 source: str) -> pl.DataFrame:
-    """Rows of {prompt, answer, metadata} -> the PROMPTS table; prompt_id is the row number."""
+                 source: str, user_columns: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Rows of {prompt, answer, metadata} -> the PROMPTS table; prompt_id is the row number.
+
+    ``user_columns``: the file's own columns, one row per prompt, kept as typed columns after the schema's
+    (`user_columns`); the tiny task has none.
+    """
     if not rows:
         raise ArtifactError(f"{source}: no prompts (empty file)")
     texts, ids = [], []
@@ -71,13 +75,30 @@ def prompt_table(rows: Sequence[dict[str, Any]], tokenizer: Any, *, max_prompt_t
         ids.append(token_ids)
     answers = [None if r.get("answer") is None else str(r["answer"]) for r in rows]
     metadata = [json.dumps(r.get("metadata") or {}, sort_keys=True) for r in rows]
-    return pl.DataFrame({
+    table = pl.DataFrame({
         "prompt_id": pl.Series(range(len(rows)), dtype=pl.Int64),
         "prompt": pl.Series(texts, dtype=pl.String),
         "prompt_token_ids": pl.Series(ids, dtype=pl.List(pl.Int32)),
         "answer": pl.Series(answers, dtype=pl.String),
         "metadata": pl.Series(metadata, dtype=pl.String),
     })
+    return table if user_columns is None else table.hstack(user_columns)
+
+
+def user_columns(frame: pl.DataFrame, cfg: PromptFilesConfig, path: str | Path) -> pl.DataFrame:
+    """The columns of a user's prompt file that the prompt table keeps typed (schema.PROMPTS' user columns).
+
+    Left out: the prompt column (the table's `prompt` holds it rendered, `metadata` as given) and an answer
+    column named `answer` (the table's own). A name an rlpipe table uses gets the prefix `user_`
+    (`rlpipe.data.schema.user_column_name`), so the rollout view never holds one name twice.
+    """
+    kept = [c for c in frame.columns if c != cfg.prompt_column and not (c == "answer" == cfg.answer_column)]
+    names = {c: user_column_name(c) for c in kept}
+    clashes = sorted(c for c, name in names.items() if name != c and name in frame.columns)
+    if clashes:
+        raise ArtifactError(f"{path}: column {clashes[0]!r} is a name rlpipe's tables use, and its renamed form "
+                            f"{names[clashes[0]]!r} is also a column of the file; rename one of them")
+    return frame.select(pl.col(c).alias(names[c]) for c in kept)
 
 
 @dataclass(frozen=True)
@@ -88,6 +109,7 @@ class PromptFile:
     rows: list[dict[str, Any]]
     columns: list[str]
     format: str
+    user_columns: pl.DataFrame  # the columns the prompt table keeps typed (`user_columns`)
 
 
 def read_prompt_rows(path: str | Path, cfg: PromptFilesConfig) -> PromptFile:
@@ -114,7 +136,7 @@ def read_prompt_rows(path: str | Path, cfg: PromptFilesConfig) -> PromptFile:
             "answer": rec[cfg.answer_column] if cfg.answer_column else None,
             "metadata": dict(rec),
         })
-    return PromptFile(rows, frame.columns, fmt)
+    return PromptFile(rows, frame.columns, fmt, user_columns(frame, cfg, path))
 
 
 PREFERENCE_COLUMNS = ("prompt", "chosen", "rejected")
@@ -248,6 +270,7 @@ class Sources:
     chat_template: bool
     metrics: dict[str, Any] = field(default_factory=dict)  # what building the tiny default measured
     messages_field: str | None = None  # conversational prompts: the metadata field of their messages
+    user_columns: tuple[pl.DataFrame | None, pl.DataFrame | None] = (None, None)  # (train, eval): the files' columns
 
 
 def build_tiny_sources(cfg: PrepareConfig, *, seed: int, model_dir: str) -> Sources:
@@ -291,7 +314,8 @@ def read_file_sources(cfg: PrepareConfig, *, rewards: Sequence[Any] = ()) -> Sou
                               mode=files.chat_template)
     return Sources(tokenizer, train.rows, held_out.rows, pref_rows, (files.train, files.eval), files.preferences,
                    fmt == CONVERSATIONAL or use_chat_template(tokenizer, files.chat_template),
-                   messages_field=files.prompt_column if fmt == CONVERSATIONAL else None)
+                   messages_field=files.prompt_column if fmt == CONVERSATIONAL else None,
+                   user_columns=(train.user_columns, held_out.user_columns))
 
 
 def prompt_footer(sources: Sources, split: str) -> dict[str, Any]:
@@ -306,8 +330,8 @@ def prompt_footer(sources: Sources, split: str) -> dict[str, Any]:
 def tables(sources: Sources, *, max_prompt_tokens: int) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """The train and eval prompt tables and the preference table, tokenized alike."""
     prompts = [prompt_table(rows, sources.tokenizer, max_prompt_tokens=max_prompt_tokens,
-                            chat_template=sources.chat_template, source=name)
-               for rows, name in zip((sources.train, sources.eval), sources.names)]
+                            chat_template=sources.chat_template, source=name, user_columns=columns)
+               for rows, name, columns in zip((sources.train, sources.eval), sources.names, sources.user_columns)]
     prefs = preference_table(sources.preferences, sources.tokenizer, max_prompt_tokens=max_prompt_tokens,
                              chat_template=sources.chat_template, source=str(sources.preferences_source))
     return prompts[0], prompts[1], prefs

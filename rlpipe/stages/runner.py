@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator  # noqa: E402
 from rlpipe.cluster.node import node_record  # noqa: E402
 from rlpipe.data.io import write_json  # noqa: E402
 from rlpipe.errors import RlpipeError  # noqa: E402
-from rlpipe.stages.headline import headline, headline_path  # noqa: E402
+from rlpipe.stages.headline import headline, headline_path, writes_headline  # noqa: E402
 
 
 class PhaseTimer:
@@ -84,12 +84,14 @@ def engine_metrics(engine: Any) -> dict[str, Any]:
 
 
 def write_metrics(path: str | Path, stage: str, metrics: dict[str, Any], timer: PhaseTimer) -> None:
-    """The stage's metrics file, then its headline beside it (rlpipe/stages/headline.py: what `dvc metrics show` prints)."""
+    """The stage's metrics file, then its headline beside it (rlpipe/stages/headline.py: what `dvc metrics show`
+    prints), when the file is one of the pipeline's."""
     ran_on = node_record()  # a cluster run: the node that ran the stage (rlpipe/cluster/node.py)
     full = _no_negative_zero({"stage": stage, **metrics, **({"cluster": ran_on} if ran_on else {}),
                               "seconds": timer.report()})
     write_json(path, full)
-    write_json(headline_path(path), headline(stage, full))
+    if writes_headline(path):
+        write_json(headline_path(path), headline(stage, full))
 
 
 def stage_main(stage: str) -> Callable[[Callable[..., None]], Callable[..., None]]:

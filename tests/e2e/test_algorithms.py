@@ -153,8 +153,8 @@ def test_ppo_carries_its_critic_and_adaptive_beta_to_the_next_iteration(project_
     assert params["iteration"] == 2 and params["critic"]["path"] == "state/critic"
     record = read_json(root / "artifacts/advantage/kl_controller.json")
     # the beta iteration 1 used is the one iteration 0's controller chose, and iteration 1's choice is in params
-    history = [json.loads(line) for line in (root / "history/iterations.jsonl").read_text().splitlines()]
-    assert history[0]["kl_reward_beta"] == 0.01
+    history = [json.loads(line) for line in (root / "history/iterations.jsonl").read_text().splitlines()][1:]
+    assert history[0]["kl_reward_beta"] == 0.01  # [1:]: after the baseline row (the starting model's eval)
     assert history[1]["kl_reward_beta"] == record["beta"] != 0.01
     assert params["advantage"]["kl_in_reward"]["beta"] == pytest.approx(record["next_beta"])
     # iteration 1's values came from the critic iteration 0 trained

@@ -45,7 +45,7 @@ def git(root: Path, *args: str) -> str:
 def artifact_outs(root: Path) -> dict[str, str]:
     """dvc.lock's hashes of the artifacts (metrics JSON hold wall times, so they differ run to run)."""
     lock = yaml.safe_load((root / "dvc.lock").read_text())
-    return {o["path"]: o["md5"] for s in lock["stages"].values() for o in s["outs"] if o["path"].startswith("artifacts/")}
+    return {o["path"]: o["md5"] for s in lock["stages"].values() for o in s.get("outs", []) if o["path"].startswith("artifacts/")}
 
 
 def assert_same_run(root: Path, reference: Path) -> None:
@@ -228,7 +228,7 @@ def test_old_checkpoints_leave_the_cache_metrics_and_tables_stay(reproduced, uni
     run(["dvc", "gc", "--all-tags", "--all-branches", "--force"], root)  # the documented dvc gc: keeps every tag's
 
     history = [json.loads(x) for x in (root / "history/iterations.jsonl").read_text().splitlines()]
-    assert [h["iteration"] for h in history] == [0, 1, 2]
+    assert [h["iteration"] for h in history] == [-1, 0, 1, 2]  # the baseline row first
     assert metrics_at(root, "iteration-0", "evaluate") == json.loads((reproduced / "metrics/evaluate.json").read_text())
 
     run(["git", "checkout", "-q", "iteration-0"], root)

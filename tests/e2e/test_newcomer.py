@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 
-from rlpipe.data.io import read_artifact
+from rlpipe.data.io import read_artifact, read_json
 from rlpipe.data.schema import PROMPTS, SCORES
 from tests.e2e.conftest import run
 from tests.e2e.test_pipeline import STAGES, ran_stages
@@ -23,10 +24,12 @@ pytestmark = pytest.mark.slow
 def test_newcomer_init_repro_iterate_restore(tmp_path):
     inputs = newcomer_inputs(tmp_path / "mine")
     root = tmp_path / "project"
-    sets = [arg for key, value in SMALL_SETTINGS.items() for arg in ("--set", f"{key}={value}")]
+    settings = {**SMALL_SETTINGS, "evaluate.metrics_by": "[difficulty]"}  # the files' own column (tests/newcomer.py)
+    sets = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
     out = run(["rlpipe", "init", str(root), "--model", str(inputs["model"]), "--train", str(inputs["train"]),
                "--eval", str(inputs["eval"]), "--reward", "myrewards:reverse_reward", *sets], inputs["rewards"]).stdout
     assert "myrewards:reverse_reward: scale" in out  # the option without a default, to fill in
+    assert "(under 100M parameters): kept rlpipe's defaults" in out  # a 1-layer toy: init says what it chose
     assert (root / "myrewards.py").is_file() and run(["git", "status", "--porcelain"], root).stdout == ""
 
     refused = run(["dvc", "repro"], root, check=False)
@@ -44,6 +47,15 @@ def test_newcomer_init_repro_iterate_restore(tmp_path):
     assert meta["prompt"] == f"reverse: {meta['word']}"  # the file's raw prompt and every column
     assert prompts["prompt"][0].startswith("<|user|>reverse: ")  # the tokenizer's chat template applied
     assert "reward_reverse_reward" in read_artifact(root / "artifacts/score/scores.parquet", SCORES).frame.columns
+    # the file's own columns, typed, one join from the rollouts: inspect filters on them; evaluate reports by them
+    assert prompts.schema["difficulty"] == pl.String and prompts.schema["word"] == pl.String
+    hard = json.loads(run(["rlpipe", "inspect", ".", "--where", "difficulty = 'hard'", "--show", "2", "--json"],
+                          root).stdout)
+    assert hard["rows"] and all(r["prompt_columns"]["difficulty"] == "hard" for r in hard["rows"])
+    assert all(len(r["prompt_columns"]["word"]) == 4 for r in hard["rows"])
+    by = read_json(root / "metrics/evaluate.json")["by"]["difficulty"]
+    assert set(by) <= {"easy", "hard"} and sum(v["num_prompts"] for v in by.values()) == 8
+    assert set(read_json(root / "metrics/headline/baseline.json")["accuracy_by"]["difficulty"]) == set(by)
 
     params.write_text(params.read_text().replace("partial_credit: 0.0", "partial_credit: 0.5"))
     again = run(["dvc", "repro"], root)
@@ -52,6 +64,9 @@ def test_newcomer_init_repro_iterate_restore(tmp_path):
     run(["dvc", "remote", "add", "-d", "store", str(tmp_path / "remote")], root)
     iterated = run(["rlpipe", "iterate"], root)
     assert "next: `dvc repro`" in iterated.stdout
+    history = [json.loads(line) for line in (root / "history/iterations.jsonl").read_text().splitlines()]
+    assert [h["iteration"] for h in history] == [-1, 0] and history[0]["baseline"]  # the starting model first
+    assert {f"eval_accuracy_by.difficulty.{v}" for v in by} <= set(history[0]) & set(history[1])
     assert run(["git", "status", "--porcelain"], root).stdout == ""  # nothing that defined it left out
     committed = run(["git", "show", "--name-only", "--format=", "iteration-0"], root).stdout.split()
     assert {"dvc.lock", "params.yaml", ".dvc/config", "artifacts/score/.gitignore",

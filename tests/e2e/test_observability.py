@@ -86,7 +86,7 @@ def test_metrics_plots_and_diff_after_iterate(project_copy):
     assert len(shown) == 1  # the workspace (its key is "" or "workspace", depending on the DVC version)
     workspace = next(iter(shown.values()))["data"]
     # the headline only (rlpipe/stages/headline.py): one row per stage, nine columns; the rest stays in metrics/<stage>.json
-    assert set(workspace) == {f"metrics/headline/{s}.json" for s in STAGES}
+    assert set(workspace) == {f"metrics/headline/{s}.json" for s in [*STAGES, "baseline"]}  # baseline: evaluate's
     columns = {key for f in workspace.values() for key in f["data"]}
     assert columns == {"accuracy", "reward_mean", "length_mean", "truncation_rate", "zero_variance_fraction",
                        "kl_ref", "approx_kl_old", "clip_fraction", "seconds"}
@@ -100,7 +100,11 @@ def test_metrics_plots_and_diff_after_iterate(project_copy):
     assert "errors" not in plots, plots.get("errors")
     assert set(plots["data"]) == set(ITERATION_PLOTS + STEP_PLOTS)
     accuracy = plots["data"][ITERATION_PLOTS[0]][0]["content"]["data"]["values"]
-    assert {v["field"] for v in accuracy} == {"eval_accuracy", "train_accuracy"}
+    assert {v["filename::field"] for v in accuracy} == {"eval.csv::eval_accuracy", "iterations.csv::train_accuracy"}
+    evals = [(v["iteration"], v["eval_accuracy"]) for v in accuracy if v["filename::field"] == "eval.csv::eval_accuracy"]
+    # the eval curve starts with the starting model (the baseline stage, iteration -1), then iteration 0's
+    assert evals == [("-1", str(read_json(root / "metrics/baseline.json")["accuracy"])),
+                     ("0", str(read_json(root / "metrics/evaluate.json")["accuracy"]))]
     steps = plots["data"]["plots/train_steps.csv"][0]["content"]
     assert steps["encoding"]["x"]["field"] == "step" and len(steps["data"]["values"]) == 4
     diffed = json.loads(run(["dvc", "plots", "diff", "iteration-0", "--json"], root).stdout)

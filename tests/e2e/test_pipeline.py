@@ -18,6 +18,8 @@ pytestmark = pytest.mark.slow
 
 STAGES = ["prepare", "generate", "train_reward_model", "score", "reference_logprob", "values", "advantage", "train",
           "evaluate"]
+# dvc.yaml's stages in its order: also the params check (runs whenever params.yaml changes) and the baseline (once)
+ALL_STAGES = ["check_params", *STAGES, "baseline"]
 ARTIFACTS = {
     "artifacts/prepare/train_prompts.parquet": PROMPTS,
     "artifacts/prepare/eval_prompts.parquet": PROMPTS,
@@ -49,6 +51,11 @@ def finite_numbers(obj) -> bool:
 def test_first_repro_runs_every_stage_and_writes_valid_artifacts(reproduced):
     log = (reproduced / "first_repro.log").read_text()
     assert ran_stages(log) == STAGES
+    assert log.index("Running stage 'check_params'") < log.index("Running stage 'prepare'")
+    assert "Running stage 'baseline'" in log  # the starting model's eval (prepare's model), version 0
+    baseline = read_json(reproduced / "metrics/baseline.json")
+    assert (baseline["policy_version"], baseline["num_prompts"]) == (0, 24)
+    assert "the starting model evaluated" in log and "iteration 0 trained and evaluated" in log
     for rel, schema in ARTIFACTS.items():
         art = read_artifact(reproduced / rel, schema)
         assert (art.frame.height > 0) == (schema is not VALUES), rel  # GRPO: no critic, an empty values table
@@ -126,7 +133,14 @@ def test_second_repro_does_nothing(project_copy):
     status = run(["dvc", "status", "--json"], project_copy).stdout.strip()
     assert status in ("{}", "")
     proc = run(["dvc", "repro"], project_copy)
-    assert ran_stages(proc.stdout) == []
+    assert ran_stages(proc.stdout) == [] and "Running stage" not in proc.stdout
+    # a top-level key no stage declares re-runs the check, which refuses it before any stage
+    params = project_copy / "params.yaml"
+    params.write_text(params.read_text() + "learning_rate: 1.0e-5\n")
+    refused = run(["dvc", "repro"], project_copy, check=False)
+    assert refused.returncode != 0 and ran_stages(refused.stdout) == []
+    assert "unknown key(s) ['learning_rate']" in refused.stderr
+    assert "did you mean: learning_rate -> train.lr?" in refused.stderr
 
 
 def test_reward_change_reruns_only_score_and_downstream(project_copy):
@@ -142,6 +156,7 @@ def test_reward_change_reruns_only_score_and_downstream(project_copy):
     assert "score" in stale and "generate" not in stale and "reference_logprob" not in stale
     proc = run(["dvc", "repro"], project_copy)
     assert ran_stages(proc.stdout) == ["score", "advantage", "train", "evaluate"]
+    assert "Running stage 'baseline'" in proc.stdout  # the starting model's reward, under the new rewards
     assert (project_copy / "artifacts/generate/rollouts.parquet").read_bytes() == rollouts
     assert (project_copy / "artifacts/reference_logprob/ref_logprobs.parquet").read_bytes() == ref
     assert (project_copy / "artifacts/score/scores.parquet").read_bytes() != scores
@@ -159,11 +174,17 @@ def test_iterate_advances_and_every_iteration_stays_retrievable(project_copy):
     assert (params.reference.path, params.reference.version) == ("artifacts/prepare/model", 0)
     assert json.loads((root / "state/policy/rlpipe.json").read_text()) == {"policy_version": 1, "dtype": "float32", "master_weights": False}
     history = [json.loads(x) for x in (root / "history/iterations.jsonl").read_text().splitlines()]
-    assert [h["iteration"] for h in history] == [0]
+    baseline = read_json(root / "metrics/baseline.json")
+    assert history[0] == {"iteration": -1, "baseline": True, "policy_version": 0,
+                          "eval_accuracy": baseline["accuracy"], "eval_reward_mean": baseline["reward_mean"]}
+    assert [h["iteration"] for h in history] == [-1, 0]
+    eval_series = (root / "plots/eval.csv").read_text().splitlines()
+    assert eval_series[0] == "iteration,eval_accuracy,eval_reward_mean" and eval_series[1].startswith("-1,")
 
     proc = run(["dvc", "repro"], root)
-    # prepare and the reward model (trained on prepare's preferences) are cached
+    # prepare, the reward model (trained on prepare's preferences) and the baseline are cached
     assert ran_stages(proc.stdout) == [s for s in STAGES if s not in ("prepare", "train_reward_model")]
+    assert "Running stage 'baseline'" not in proc.stdout
     rollouts = read_artifact(root / "artifacts/generate/rollouts.parquet", ROLLOUTS)
     assert rollouts.frame["policy_version"].unique().to_list() == [1]
     assert (root / "artifacts/generate/rollouts.parquet").read_bytes() != it0_rollouts
@@ -229,7 +250,7 @@ def test_run_command_runs_n_iterations_and_resumes(project_copy):
     assert "iteration 0 is already reproduced" in out
     assert "iteration 0:" in out and "iteration 1:" in out
     history = [json.loads(x) for x in (root / "history/iterations.jsonl").read_text().splitlines()]
-    assert [h["iteration"] for h in history] == [0, 1]
+    assert [h["iteration"] for h in history] == [-1, 0, 1]  # the starting model's eval (baseline stage) first
     assert all(0.0 <= h["eval_accuracy"] <= 1.0 for h in history)
     tags = run(["git", "tag"], root).stdout.split()
     assert tags == ["iteration-0", "iteration-1"]

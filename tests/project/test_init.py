@@ -373,3 +373,29 @@ def test_a_reward_column_the_eval_file_lacks_is_refused_naming_file_and_column(i
         assert report.rewards[0].options == {}
     finally:
         sys.modules.pop("lvl", None)
+
+
+def fake_weights(model_dir: Path, parameters: int) -> None:
+    """A safetensors file whose header declares ``parameters`` elements (init reads headers only, never weights)."""
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [parameters // 1000, 1000], "data_offsets": [0, 0]}}).encode()
+    (model_dir / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+
+
+def test_a_real_sized_model_gets_trl_and_verl_settings_and_a_setting_given_wins(inputs, tmp_path):
+    fake_weights(inputs / "model", 494_000_000)
+    report = make(inputs, tmp_path / "p", settings={"train.micro_batch_size": 2})
+    params = load_params(tmp_path / "p" / "params.yaml")
+    # 5 train prompts x group 8 = 40 samples an iteration: 4 optimizer steps of 10
+    assert (params.train.lr, params.train.epochs, params.train.minibatch_size, params.train.micro_batch_size) == (
+        1e-6, 1, 10, 2)
+    assert report.sizing.startswith("model: 494.00M parameters (100M-1B parameters): train.lr 1e-06, train.epochs 1")
+    assert "train.micro_batch_size" not in report.sizing  # the user's value, not init's choice
+
+
+def test_a_small_model_keeps_rlpipes_settings_and_is_told_so(inputs, tmp_path):
+    fake_weights(inputs / "model", 3_000_000)
+    report = make(inputs, tmp_path / "p")
+    template = yaml.safe_load((REPO / "params.yaml").read_text())["train"]
+    params = load_params(tmp_path / "p" / "params.yaml")
+    assert (params.train.lr, params.train.epochs) == (template["lr"], template["epochs"])
+    assert report.sizing.startswith("model: 3.00M parameters (under 100M parameters): kept rlpipe's defaults")

@@ -6,7 +6,7 @@ import pytest
 
 from rlpipe.data.decode import fallback_pieces
 from rlpipe.data.io import read_artifact, write_artifact
-from rlpipe.data.schema import EVAL_ROLLOUTS, SCORES
+from rlpipe.data.schema import EVAL_ROLLOUTS, PROMPTS, ROLLOUTS, SCORES
 from rlpipe.errors import ArtifactError
 from rlpipe.reports.inspect import inspect_data, joined_frame, load
 from tests.inspect_project import make_project
@@ -77,8 +77,9 @@ def test_prompt_id_shows_the_whole_group(project):
     data = inspect_data(project, prompt_ids=[2])
     assert [(r["sample_idx"], r["tokens"]) for r in data["rows"]] == [(0, ["8", "8"]), (1, ["8", "<eos>"])]
     assert data["rows"][0]["score_error"] == "ValueError: boom"
-    with pytest.raises(ArtifactError, match="no such prompt"):
-        inspect_data(project, prompt_ids=[99])
+    with pytest.raises(ArtifactError, match=r"^--prompt-id 99, 98: no such prompt among the selected rows \(3 "
+                                            r"prompts, e.g. 0, 1, 2: an iteration samples"):
+        inspect_data(project, prompt_ids=[99, 98])
 
 
 def test_eval_view_reads_the_held_out_rollouts(project):
@@ -300,3 +301,37 @@ def test_look_here_leaves_out_values_that_are_not_numbers():
                           "seq_log_ratio_max": [float("nan"), 0.5, None], "reward": [1.0, 2.0, 3.0]})
     (row,) = look_here(frame, command="rlpipe inspect p")["log_ratio"]["rows"]
     assert (row["prompt_id"], row["value"], row["command"]) == (1, 0.5, "rlpipe inspect p --prompt-id 1")
+
+
+def test_the_prompt_files_columns_filter_sort_and_show_through_the_rollout_view(tmp_path):
+    """A user's own prompt columns (typed in the prompt table) reach every joined row: --where, --sort, the rows."""
+    root = make_project(tmp_path / "proj", prompt_columns=(
+        {"difficulty": ["easy", "hard", "hard"], "level": [1, 3, 2]},
+        {"difficulty": ["easy", "easy", "hard", "hard"], "level": [1, 1, 2, 4]}))
+    frame, _ = joined_frame(load(root))
+    assert frame.schema["difficulty"] == pl.String and frame.schema["level"] == pl.Int64  # typed as the file had them
+    assert "metadata" not in frame.columns  # the JSON the rewards read stays in the prompt table
+    hard = inspect_data(root, where="difficulty = 'hard'", sort="level", show=4)
+    assert hard["summary"]["rows_selected"] == 4  # prompts 1 and 2, two samples each
+    assert [(r["prompt_id"], r["prompt_columns"]) for r in hard["rows"]] == [
+        (2, {"difficulty": "hard", "level": 2}), (2, {"difficulty": "hard", "level": 2}),
+        (1, {"difficulty": "hard", "level": 3}), (1, {"difficulty": "hard", "level": 3})]
+    assert hard["summary"]["reward"]["mean"] == pytest.approx((1.5 + 0.0 + 0.0 + 1.5) / 4)  # statistics of those rows
+    single = inspect_data(root, eval_view=True, where="level > 1", show=4)  # the eval view joins its own prompts
+    assert [r["prompt_id"] for r in single["rows"]] == [2, 3]
+
+
+def test_the_view_is_one_sql_statement_polars_and_duckdb_run_alike(tmp_path):
+    from rlpipe.data.view import scan_view, view_sql, with_prompt_columns
+
+    root = make_project(tmp_path / "proj", prompt_columns=({"difficulty": ["easy", "hard", "hard"]}, {}))
+    rollouts, prompts = root / "a/rollouts.parquet", root / "a/train_prompts.parquet"
+    viewed = scan_view(rollouts, prompts).collect().sort("prompt_id", "sample_idx")
+    rows = read_artifact(rollouts, ROLLOUTS).frame
+    assert viewed.columns == [*rows.columns, "prompt", "answer", "difficulty"]
+    assert viewed.equals(with_prompt_columns(rows, read_artifact(prompts, PROMPTS).frame))
+    assert viewed["difficulty"].to_list() == ["easy", "easy", "hard", "hard", "hard", "hard"]
+    duckdb = pytest.importorskip("duckdb")
+    sql = view_sql(f"'{rollouts}'", f"'{prompts}'") + " ORDER BY prompt_id, sample_idx"
+    assert duckdb.sql(sql).pl().select("prompt_id", "sample_idx", "prompt", "difficulty").rows() == viewed.select(
+        "prompt_id", "sample_idx", "prompt", "difficulty").rows()

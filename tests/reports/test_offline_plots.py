@@ -8,6 +8,7 @@ drawn SVG (axis labels, marks, inputs) as a person would read them (issue 34 ite
 """
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -276,7 +277,7 @@ def test_plots_diff_draws_the_first_iterations_point_in_its_revisions_colour(tmp
     subprocess.run(["git", "tag", "iteration-0"], cwd=root, check=True)
     history = root / "history/iterations.jsonl"
     history.write_text("".join(json.dumps(r) + "\n" for r in history_rows(3)))
-    write_history_csv(history, root / "plots/iterations.csv")
+    write_history_csv(history, root / "plots/iterations.csv", root / "plots/eval.csv")  # as rlpipe iterate does
     out = tmp_path / "static"
     result = runner.invoke(app, ["plots", "render", str(out), "--project", str(root), "--rev", "iteration-0",
                                  "--rev", "workspace", "--format", "svg"])
@@ -289,3 +290,16 @@ def test_plots_diff_draws_the_first_iterations_point_in_its_revisions_colour(tmp
         tag_colour[name] = {p.get("fill") for p in at_tag}
         assert len(symbols) - len(at_tag) == 3 * (2 if name.startswith("reward") else 1)  # the workspace's
     assert list(tag_colour.values()) == [{DVC_CYAN}] * 2  # DVC's second colour, the same in both charts
+
+
+def test_the_eval_curves_start_at_the_baseline_and_the_train_curves_at_iteration_0(tmp_path):
+    """plots/eval.csv holds the baseline stage's row (iteration -1) first; the train series have no point there."""
+    root = make_plots_project(tmp_path / "proj", iterations=2, baseline=True)
+    shown = subprocess.run([sys.executable, "-m", "dvc", "plots", "show", "--json"], cwd=root, capture_output=True,
+                           text=True, check=True)
+    chart = json.loads(shown.stdout)["data"]["accuracy per iteration (held-out greedy, train samples)"][0]
+    values = chart["content"]["data"]["values"]
+    evals = [(v["iteration"], float(v["dvc_inferred_y_value"])) for v in values
+             if v["filename::field"] == "eval.csv::eval_accuracy"]
+    assert evals == [("-1", 0.32), ("0", pytest.approx(0.40)), ("1", pytest.approx(0.48))]
+    assert [v["iteration"] for v in values if v["filename::field"] == "iterations.csv::train_accuracy"] == ["0", "1"]

@@ -5,7 +5,12 @@ import json
 import pytest
 
 from rlpipe.errors import ArtifactError
-from rlpipe.run.history import read_history, write_history_csv
+from rlpipe.run.history import (
+    baseline_row,
+    eval_numbers,
+    read_history,
+    write_history_csv,
+)
 
 
 def test_csv_has_one_row_per_iteration_sorted(tmp_path):
@@ -26,6 +31,38 @@ def test_missing_history_gives_a_header_only_and_bad_lines_are_named(tmp_path):
     bad.write_text('{"iteration": 0}\n{oops\n')
     with pytest.raises(ArtifactError, match=r"h.jsonl:2: not a JSON line"):
         read_history(bad)
+
+
+def test_the_baseline_row_starts_the_eval_series_and_stays_out_of_the_train_one(tmp_path):
+    """The starting model's eval sits at iteration -1 in plots/eval.csv only: in iterations.csv every train column
+    of its row would be empty, which a DVC plot draws as 0."""
+    evaluate = {"accuracy": 0.5, "reward_mean": 0.75, "accuracy_by": {"difficulty": {"easy": 1.0, "hard": 0.25}}}
+    assert eval_numbers(evaluate) == {"eval_accuracy": 0.5, "eval_reward_mean": 0.75,
+                                      "eval_accuracy_by.difficulty.easy": 1.0, "eval_accuracy_by.difficulty.hard": 0.25}
+    odd = eval_numbers({"accuracy": 0.5, "reward_mean": 0.75, "accuracy_by": {"src": {"openai/gsm8k": 0.5, "a=b[c]": 0.1}}})
+    assert set(odd) - {"eval_accuracy", "eval_reward_mean"} == {  # names MLflow and DVCLive take
+        "eval_accuracy_by.src.openai_gsm8k", "eval_accuracy_by.src.a_b_c_"}
+    hist = tmp_path / "iterations.jsonl"
+    baseline = baseline_row({"accuracy": 0.25, "reward_mean": 0.5})
+    assert baseline == {"iteration": -1, "baseline": True, "policy_version": 0, "eval_accuracy": 0.25,
+                        "eval_reward_mean": 0.5}
+    rows = [baseline, {"iteration": 0, "eval_accuracy": 0.5, "eval_reward_mean": 0.75, "kl_ref": 0.1}]
+    hist.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_history_csv(hist, tmp_path / "iterations.csv", tmp_path / "eval.csv")
+    assert (tmp_path / "iterations.csv").read_text() == "iteration,eval_accuracy,eval_reward_mean,kl_ref\n0,0.5,0.75,0.1\n"
+    assert (tmp_path / "eval.csv").read_text() == "iteration,eval_accuracy,eval_reward_mean\n-1,0.25,0.5\n0,0.5,0.75\n"
+
+
+def test_iterate_puts_the_baseline_first_and_replaces_its_earlier_rows(tmp_path):
+    from rlpipe.run.iterate import write_history
+
+    hist = tmp_path / "h.jsonl"
+    write_history(hist, {"iteration": 0, "eval_accuracy": 0.5}, baseline={"iteration": -1, "eval_accuracy": 0.2})
+    write_history(hist, {"iteration": 1, "eval_accuracy": 0.6}, baseline={"iteration": -1, "eval_accuracy": 0.3})
+    write_history(hist, {"iteration": 1, "eval_accuracy": 0.7}, baseline=None)  # a project without the stage
+    assert [json.loads(line) for line in hist.read_text().splitlines()] == [
+        {"iteration": -1, "eval_accuracy": 0.3}, {"iteration": 0, "eval_accuracy": 0.5},
+        {"iteration": 1, "eval_accuracy": 0.7}]
 
 
 def test_chart_columns_are_always_there_and_empty_where_nothing_was_measured():

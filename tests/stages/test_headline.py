@@ -9,6 +9,7 @@ import yaml
 from rlpipe.stages.headline import HEADLINE_KEYS, headline, headline_path
 
 REPO = Path(__file__).resolve().parents[2]
+CHECKS = {"check_params"}  # stages that only refuse bad input: they write nothing, no metrics either
 
 
 def test_the_headline_keeps_the_named_numbers_and_the_total_seconds():
@@ -38,7 +39,24 @@ def test_dvc_yaml_declares_each_headline_as_metrics_and_each_full_file_as_a_cach
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     assert set(HEADLINE_KEYS) <= set(stages)
     for name, stage in stages.items():
+        if name in CHECKS:
+            assert "outs" not in stage and "metrics" not in stage, name
+            continue
         full = f"${{paths.metrics_dir}}/{name}.json"
         assert f"--metrics {full}" in stage["cmd"], name
         assert full in stage["outs"], name  # cached: DVC's run cache needs every plain output cached
         assert stage["metrics"] == [{str(headline_path(full)): {"cache": False}}], name
+
+
+def test_only_the_pipelines_metrics_files_get_a_headline(tmp_path):
+    """A stage script run by hand with --metrics elsewhere writes no stray headline/ beside it; the pipeline's
+    names are exactly dvc.yaml's stages."""
+    from rlpipe.stages.headline import PIPELINE_METRICS
+    from rlpipe.stages.runner import PhaseTimer, write_metrics
+
+    assert PIPELINE_METRICS == set(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]) - CHECKS
+    write_metrics(tmp_path / "base.json", "evaluate", {"accuracy": 0.4}, PhaseTimer())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base.json"]
+    write_metrics(tmp_path / "baseline.json", "evaluate", {"accuracy": 0.4, "accuracy_by": {"d": {"hard": 0.1}}},
+                  PhaseTimer())
+    assert json.loads((tmp_path / "headline" / "baseline.json").read_text())["accuracy_by"] == {"d": {"hard": 0.1}}
