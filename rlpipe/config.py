@@ -290,8 +290,8 @@ class TrainConfig:
     sequence_count: Literal["nonempty", "all_rows"]  # fine point (profile): which rows the seq-mean modes count
     gmpo_clip_sign: Literal["sequence", "token"]  # fine point (profile): GMPO's clip side, by row or token advantage
     entropy_mask_form: Literal["policy_term", "token_set"]  # fine point (profile): what the 80/20 mask removes
-    # truncated importance sampling: weight min(pi_old / pi_sampler, C); null = off; auto = AUTO_TIS_CAP when
-    # policy.max_staleness >= 1, else off (load_params resolves it: every other reader sees a number or None)
+    # truncated importance sampling: weight min(pi_old / pi_sampler, C); null = off; auto = AUTO_TIS_CAP when the
+    # rows were sampled by an older policy (policy.version < iteration), else off (load_params resolves it)
     tis_cap: float | Literal["auto"] | None
     top_entropy_quantile: float  # rho: train the policy term on the top-rho tokens by pi_old's entropy; 1.0 = all
     keep_sampling_mask: bool  # DeepSeek-V3.2: with top_p < 1 / top_k > 0, the ratio on the sampler's support
@@ -575,11 +575,13 @@ def _build(cls: type, data: Any, where: str) -> Any:
 AUTO_TIS_CAP = 2.0
 
 
-def resolved_tis_cap(setting: float | str | None, max_staleness: int) -> float | None:
-    """``train.tis_cap`` as train applies it: "auto" is AUTO_TIS_CAP when the sampler may lag the trainer
-    (policy.max_staleness >= 1) and off when it cannot, so synchronous runs keep their exact objective."""
+def resolved_tis_cap(setting: float | str | None, staleness: int) -> float | None:
+    """``train.tis_cap`` as train applies it: "auto" is AUTO_TIS_CAP when the rows were sampled by an older
+    policy than the one train starts from (``staleness`` = iteration - policy.version >= 1, overlapped
+    iterations) and off when they were not, so an iteration sampled by its own policy keeps its exact
+    objective and bytes, overlapped or not."""
     if setting == "auto":
-        return AUTO_TIS_CAP if max_staleness >= 1 else None
+        return AUTO_TIS_CAP if staleness >= 1 else None
     return setting
 
 
@@ -597,7 +599,7 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except ConfigError as e:
         raise ConfigError(f"{p}: {e}") from None
     _check_consistency(params, p)
-    cap = resolved_tis_cap(params.train.tis_cap, params.policy.max_staleness)
+    cap = resolved_tis_cap(params.train.tis_cap, params.iteration - params.policy.version)
     return dataclasses.replace(params, train=dataclasses.replace(params.train, tis_cap=cap))
 
 

@@ -529,13 +529,16 @@ def test_the_check_params_stage_refuses_an_unknown_key_with_exit_2(tmp_path, dat
     assert (ok.returncode, ok.stderr) == (0, "")
 
 
-@pytest.mark.parametrize("setting, staleness, applied", [("auto", 0, None), ("auto", 1, 2.0), ("auto", 3, 2.0),
-                                                         (3.0, 0, 3.0), (None, 1, None)])
-def test_tis_cap_auto_is_on_only_when_the_sampler_may_lag(tmp_path, data, setting, staleness, applied):
-    """#33 item 2: overlapped iterations (S >= 1) are corrected unless the user writes null; synchronous ones
-    keep their exact objective."""
+@pytest.mark.parametrize("setting, iteration, version, max_staleness, applied",
+                         [("auto", 0, 0, 0, None), ("auto", 0, 0, 1, None), ("auto", 1, 0, 1, 2.0), ("auto", 5, 2, 3, 2.0),
+                          (3.0, 0, 0, 0, 3.0), (None, 1, 0, 1, None)])
+def test_tis_cap_auto_is_on_only_for_rows_of_an_older_policy(tmp_path, data, setting, iteration, version,
+                                                            max_staleness, applied):
+    """#33 item 2: rows sampled by an older policy (overlapped iterations) are corrected unless the user writes
+    null; an iteration sampled by its own policy (every synchronous one, the first of an overlapped run) keeps
+    its exact objective."""
     data["train"]["tis_cap"] = setting
-    data["policy"]["max_staleness"] = staleness
+    data["iteration"], data["policy"]["version"], data["policy"]["max_staleness"] = iteration, version, max_staleness
     assert load_params(dump(tmp_path, data)).train.tis_cap == applied
 
 

@@ -126,3 +126,13 @@ def project_copy(reproduced, tmp_path) -> Path:
     dest = tmp_path / "copy"
     shutil.copytree(reproduced, dest, symlinks=True)
     return dest
+
+
+def restores(clone: Path, origin: Path, tag: str) -> bool:
+    """A fresh clone at ``tag`` pulls every output its dvc.lock names from the remote, and DVC finds it complete."""
+    run(["git", "clone", "-q", str(origin), str(clone)], clone.parent)
+    run(["git", "checkout", "-q", tag], clone)
+    run(["dvc", "pull", "-q"], clone)
+    status = run(["dvc", "status"], clone).stdout
+    assert "up to date" in status, f"{tag}: {status}"
+    return True

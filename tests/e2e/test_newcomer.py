@@ -7,14 +7,13 @@ defined the iteration -> iteration 0 restores in a second clone from a DVC remot
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import polars as pl
 import pytest
 
 from rlpipe.data.io import read_artifact, read_json
 from rlpipe.data.schema import PROMPTS, SCORES
-from tests.e2e.conftest import run
+from tests.e2e.conftest import restores, run
 from tests.e2e.test_pipeline import STAGES, ran_stages
 from tests.newcomer import SMALL_SETTINGS, newcomer_inputs
 
@@ -82,13 +81,3 @@ def test_newcomer_init_repro_iterate_restore(tmp_path):
     assert run(["git", "tag", "--list", "iteration-*"], root).stdout.split() == [f"iteration-{k}" for k in range(3)]
     for k in range(3):  # every tag restores in a fresh clone, each pushed as it was recorded
         assert restores(tmp_path / f"clone-{k}", root, f"iteration-{k}")
-
-
-def restores(clone: Path, origin: Path, tag: str) -> bool:
-    """A fresh clone at ``tag`` pulls every output its dvc.lock names from the remote, and DVC finds it complete."""
-    run(["git", "clone", "-q", str(origin), str(clone)], clone.parent)
-    run(["git", "checkout", "-q", tag], clone)
-    run(["dvc", "pull", "-q"], clone)
-    status = run(["dvc", "status"], clone).stdout
-    assert "up to date" in status, f"{tag}: {status}"
-    return True

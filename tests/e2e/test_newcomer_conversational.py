@@ -3,7 +3,9 @@
 `rlpipe init` (train prompts in a `datasets` save_to_disk directory, eval prompts in Parquet: one project covers
 both sources) says which format it found -> `dvc repro` renders the messages with the model's chat template,
 the rewards receive message lists as TRL passes them (`completion[0]["content"]`, the system message first in
-each prompt) on the train rollouts and at evaluate -> `rlpipe inspect` shows the rendered prompt.
+each prompt) on the train rollouts and at evaluate -> `rlpipe inspect` shows the rendered prompt and filters on
+the file's own `word` column -> a reward option changed re-runs only `score` and what follows -> `rlpipe
+iterate` records the iteration and pushes it -> it restores in a fresh clone.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 
 from rlpipe.data.io import read_artifact, read_json
 from rlpipe.data.schema import PROMPT_MESSAGES_KEY, PROMPTS, SCORES
-from tests.e2e.conftest import run, warm_server
+from tests.e2e.conftest import restores, run, warm_server
 from tests.e2e.test_pipeline import STAGES, ran_stages
 from tests.newcomer import SMALL_SETTINGS, SYSTEM_PROMPT, conversational_inputs
 
@@ -56,3 +58,20 @@ def test_conversational_dataset_init_repro_inspect(tmp_path):
     held_out = read_artifact(root / "artifacts/prepare/eval_prompts.parquet", PROMPTS)  # from the Parquet file
     assert held_out.metadata[PROMPT_MESSAGES_KEY] == "prompt"
     assert held_out.frame["prompt"][0].startswith(f"<|system|>{SYSTEM_PROMPT}\n<|user|>reverse: ")
+
+    # the file's own column, typed and one join away from the rollouts: inspect filters on it
+    word = prompts.frame["word"][0]
+    picked = json.loads(run(["rlpipe", "inspect", ".", "--where", f"word = '{word}'", "--show", "2", "--json"],
+                            root).stdout)
+    assert picked["rows"] and all(r["prompt_columns"]["word"] == word for r in picked["rows"])
+
+    params = root / "params.yaml"  # brevity's keyword-only option, written out by init
+    assert params.read_text().count("target: 4") == 1
+    params.write_text(params.read_text().replace("target: 4", "target: 5"))
+    with warm_server("stage", root, ["--warm", str(root / "models/base")]):
+        assert ran_stages(run(["dvc", "repro"], root).stdout) == ["score", "advantage", "train", "evaluate"]
+
+    run(["dvc", "remote", "add", "-d", "store", str(tmp_path / "remote")], root)
+    run(["rlpipe", "iterate"], root)  # commits, tags iteration-0 and pushes it (iterate.push: auto)
+    assert restores(tmp_path / "clone", root, "iteration-0")
+    assert "target: 5" in (tmp_path / "clone" / "params.yaml").read_text()
