@@ -15,7 +15,7 @@ from rlpipe.cluster.executor import ClusterExecutor
 from rlpipe.config import ClusterConfig, StageResourcesConfig
 from rlpipe.run.commands import stage_commands
 from tests.cluster.conftest import cluster_env, restored
-from tests.e2e.conftest import edit_params
+from tests.e2e.conftest import assert_same_samples, edit_params
 
 pytestmark = pytest.mark.slow
 TWO_NODES = StageResourcesConfig(num_cpus=1, resources={"ddp": 1}, nodes=2)  # ddp: score-node and train-node
@@ -51,19 +51,9 @@ def test_reference_logprob_across_two_nodes_is_byte_identical(driver, iteration_
 
 def test_generate_across_two_nodes_samples_what_one_machine_sampled(driver, iteration_0, tmp_path):
     """Two engines, one per node, each sampling its block of the prompts; rank 0 writes the table."""
-    import numpy as np
-
-    from rlpipe.data.io import read_artifact
-    from rlpipe.data.schema import ROLLOUTS
-
     out = tmp_path / "rollouts.parquet"
     printed = on_two_nodes(iteration_0, "generate", {"--out": str(out), "--metrics": str(tmp_path / "m.json")})
-    single = read_artifact(iteration_0 / "artifacts/generate/rollouts.parquet", ROLLOUTS)
-    two = read_artifact(out, ROLLOUTS)
-    assert two.metadata == single.metadata
-    assert two.frame.drop("sampler_logprobs").equals(single.frame.drop("sampler_logprobs"))
-    np.testing.assert_allclose(two.frame["sampler_logprobs"].explode().to_numpy(),
-                               single.frame["sampler_logprobs"].explode().to_numpy(), rtol=0, atol=1e-5)
+    assert_same_samples(iteration_0 / "artifacts/generate/rollouts.parquet", out)
     assert "[generate r0@" in printed  # rank 0 writes and reports; rank 1 sent its rows
 
 

@@ -136,3 +136,18 @@ def restores(clone: Path, origin: Path, tag: str) -> bool:
     status = run(["dvc", "status"], clone).stdout
     assert "up to date" in status, f"{tag}: {status}"
     return True
+
+
+def assert_same_samples(single_path: Path, other_path: Path) -> None:
+    """Two rollout tables of the same prompts sampled with different process layouts: the same samples, bytes
+    and all, and the same footer; the log-probs to float32 rounding (batches are composed differently)."""
+    import numpy as np
+
+    from rlpipe.data.io import read_artifact
+    from rlpipe.data.schema import ROLLOUTS
+
+    single, other = read_artifact(single_path, ROLLOUTS), read_artifact(other_path, ROLLOUTS)
+    assert other.metadata == single.metadata
+    assert other.frame.drop("sampler_logprobs").equals(single.frame.drop("sampler_logprobs"))
+    np.testing.assert_allclose(other.frame["sampler_logprobs"].explode().to_numpy(),
+                               single.frame["sampler_logprobs"].explode().to_numpy(), rtol=0, atol=1e-5)

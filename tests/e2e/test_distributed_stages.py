@@ -15,20 +15,21 @@ from safetensors.torch import load_file
 from rlpipe.data.io import read_artifact, read_json
 from rlpipe.data.schema import TRAIN_TOKEN_STATS
 from rlpipe.run.commands import stage_commands
-from tests.e2e.conftest import edit_params, run
+from tests.e2e.conftest import assert_same_samples, edit_params, run
 
 pytestmark = pytest.mark.slow
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
-def torchrun_stage(project, stage: str, outputs: dict[str, str]):
-    """Run ``stage``'s dvc.yaml command under torchrun, with the options in ``outputs`` pointed elsewhere."""
+def torchrun_stage(project, stage: str, outputs: dict[str, str], processes: int = 2):
+    """Run ``stage``'s dvc.yaml command under torchrun (``processes`` ranks), with the options in ``outputs``
+    pointed elsewhere."""
     words = shlex.split(stage_commands(project / "dvc.yaml", project / "params.yaml")[stage])
     assert words[0] == "python"
     for option, path in outputs.items():
         words[words.index(option) + 1] = path
-    return run(TORCHRUN + words[1:], project)
+    return run(TORCHRUN[:-1] + [str(processes)] + words[1:], project)
 
 
 def test_reference_logprob_data_parallel_is_byte_identical(project_copy, tmp_path):
@@ -46,18 +47,9 @@ def test_generate_on_three_processes_samples_the_single_process_table(project_co
     each samples its block of the prompts with each prompt's own seed, rank 0 writes them in prompt order.
     Every sample is the single process's; the log-probs agree to float32 rounding, since the hf engine pads
     a batch to its longest prompt and these blocks batch differently (4.8e-7 measured)."""
-    from rlpipe.data.schema import ROLLOUTS
-
     out = tmp_path / "rollouts.parquet"
-    stage = shlex.split(stage_commands(project_copy / "dvc.yaml", project_copy / "params.yaml")["generate"])
-    stage[stage.index("--out") + 1], stage[stage.index("--metrics") + 1] = str(out), str(tmp_path / "gen.json")
-    run(TORCHRUN[:-1] + ["3"] + stage[1:], project_copy)
-    single = read_artifact(project_copy / "artifacts/generate/rollouts.parquet", ROLLOUTS)
-    ranks = read_artifact(out, ROLLOUTS)
-    assert ranks.metadata == single.metadata
-    assert ranks.frame.drop("sampler_logprobs").equals(single.frame.drop("sampler_logprobs"))
-    np.testing.assert_allclose(ranks.frame["sampler_logprobs"].explode().to_numpy(),
-                               single.frame["sampler_logprobs"].explode().to_numpy(), rtol=0, atol=1e-5)
+    torchrun_stage(project_copy, "generate", {"--out": str(out), "--metrics": str(tmp_path / "gen.json")}, processes=3)
+    assert_same_samples(project_copy / "artifacts/generate/rollouts.parquet", out)
     m1, m3 = read_json(project_copy / "metrics/generate.json"), read_json(tmp_path / "gen.json")
     for key in ("num_samples", "completion_tokens", "truncation_rate"):
         assert m3[key] == m1[key], key
