@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.varied_tiny import reference_logprobs as _reference_logprobs
 from tests.varied_tiny import varied_tiny_llama
 
 pytestmark = pytest.mark.gpu
@@ -71,22 +72,6 @@ def _requests(prompts, *, n, salt=0):
 
 def _flat(groups):
     return [c for g in groups for c in g]
-
-
-def _reference_logprobs(model, prompts, completions, *, temperature, top_k=0, top_p=1.0):
-    """Per completion, the log-prob of each token under the CPU fp32 model: full softmax of logits / T,
-    or, with top_k / top_p, the distribution renormalised over the kept tokens (the HF engine's filter)."""
-    from rlpipe.engines.hf import filter_logits
-
-    out = []
-    with torch.no_grad():
-        for prompt, completion in zip(prompts, completions):
-            ids = torch.tensor([list(prompt) + list(completion)])
-            logits_TV = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
-            logits_TV = filter_logits(logits_TV, top_k=top_k, top_p=top_p)
-            lp_TV = torch.log_softmax(logits_TV, dim=-1)
-            out.append(lp_TV.gather(-1, torch.tensor(completion).unsqueeze(-1)).squeeze(-1).tolist())
-    return out
 
 
 def test_structure_n_samples_aligned_lists_and_finish_reasons(engine, tiny):
@@ -222,6 +207,19 @@ def test_generate_stage_picks_vllm_and_writes_valid_rollouts(tiny, tmp_path):
         Path(path).with_suffix(".stage.json").write_text(json.dumps(metrics, indent=1) + "\n")
 
 
+def _compare_with_one_engine(one, groups, key: str) -> None:
+    """Samples of several replicas (4 per request) against one engine's for the same requests: the same tokens
+    but for rare bf16 near-ties (batch composition differs), and the same log-probs where the tokens agree."""
+    assert [len(g) for g in groups] == [4] * len(groups)
+    many = _flat(groups)
+    same = [a.token_ids == b.token_ids for a, b in zip(one, many)]
+    REPORT[f"{key}_identical_samples"] = f"{sum(same)}/{len(same)}"
+    assert len(many) == len(one) and sum(same) >= 0.9 * len(same)
+    diffs = [abs(x - y) for a, b, s in zip(one, many, same) if s for x, y in zip(a.sampler_logprobs, b.sampler_logprobs)]
+    REPORT[f"{key}_max_logprob_diff"] = max(diffs)
+    assert max(diffs) < 0.05
+
+
 def test_two_data_parallel_replicas_sample_what_one_engine_samples(engine, tiny):
     """data_parallel_size 2: one replica process per GPU, prompts split in two contiguous shards, results
     back in request order; each request's own seed makes the samples those of one engine."""
@@ -239,14 +237,7 @@ def test_two_data_parallel_replicas_sample_what_one_engine_samples(engine, tiny)
                     gpu_memory_utilization=0.3, enable_prefix_caching=True, enforce_eager=True,
                     max_model_len=64) as replicas:
         groups = replicas.generate(requests, params)
-    assert [len(g) for g in groups] == [4] * len(requests)
-    two = _flat(groups)
-    same = [a.token_ids == b.token_ids for a, b in zip(one, two)]
-    REPORT["data_parallel_identical_samples"] = f"{sum(same)}/{len(same)}"
-    assert sum(same) >= 0.9 * len(same)  # bf16 batch-composition noise may flip a rare near-tie token
-    diffs = [abs(x - y) for a, b, s in zip(one, two, same) if s for x, y in zip(a.sampler_logprobs, b.sampler_logprobs)]
-    REPORT["data_parallel_max_logprob_diff"] = max(diffs)
-    assert max(diffs) < 0.05
+    _compare_with_one_engine(one, groups, "data_parallel")
 
 
 def test_two_engines_on_one_gpu_sample_what_one_engine_samples(engine, tiny):
@@ -266,14 +257,7 @@ def test_two_engines_on_one_gpu_sample_what_one_engine_samples(engine, tiny):
                     max_model_len=64) as shared:
         assert [r.gpu_ids for r in shared._replicas] == [first_gpu, first_gpu]
         groups = shared.generate(requests, params)
-    assert [len(g) for g in groups] == [4] * len(requests)
-    two = _flat(groups)
-    same = [a.token_ids == b.token_ids for a, b in zip(one, two)]
-    REPORT["engines_per_gpu_identical_samples"] = f"{sum(same)}/{len(same)}"
-    assert sum(same) >= 0.9 * len(same)  # bf16 batch-composition noise may flip a rare near-tie token
-    diffs = [abs(x - y) for a, b, s in zip(one, two, same) if s for x, y in zip(a.sampler_logprobs, b.sampler_logprobs)]
-    REPORT["engines_per_gpu_max_logprob_diff"] = max(diffs)
-    assert max(diffs) < 0.05
+    _compare_with_one_engine(one, groups, "engines_per_gpu")
 
 
 # ---------------------------------------------------------------------------------------------
