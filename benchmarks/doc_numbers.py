@@ -9,6 +9,9 @@ apart (issue 15). Now each number sits in a marked block and comes from one file
     <!-- generated: accuracies grpo dr_grpo --> held-out accuracy after each iteration, one row per run
     <!-- generated: multiturn NAME [turns] -->  a multi-turn run's table (benchmarks/multi_turn_curve.py):
                                                accuracy and tool use, held-out and sampled (turns: mean turns)
+    <!-- generated: overlap FILE [last] -->     held-out accuracy per iteration for each staleness S, mean
+                                               (seeds' range), from benchmarks/overlap_curves.py's FILE in
+                                               benchmarks/results/ (last: the last iteration only)
     <!-- /generated -->                         (the table between the two markers is replaced)
     <!-- value: grpo 4 -->0.906<!-- /value -->  one number: a run, an iteration (or warm, or gain), a history key
 
@@ -101,7 +104,30 @@ def block(results: dict, spec: str, where: str) -> str:
             cells = [f"{row[k]:.2f}" if k == "turns_mean" else _fmt(row[k]) for k, _ in columns]
             lines.append(f"| {row['iteration']} | " + " | ".join(cells) + " |")
         return "\n".join(lines) + "\n"
-    raise SystemExit(f"{where}: unknown generated block {kind!r} (curve, accuracies, multiturn)")
+    if kind == "overlap":
+        return overlap_table(args[0], last="last" in args[1:], where=where)
+    raise SystemExit(f"{where}: unknown generated block {kind!r} (curve, accuracies, multiturn, overlap)")
+
+
+def _mean_and_range(row: dict) -> str:
+    return f"{_fmt(row['eval_accuracy_mean'])} ({_fmt(row['eval_accuracy_min'])}-{_fmt(row['eval_accuracy_max'])})"
+
+
+def overlap_table(name: str, *, last: bool, where: str) -> str:
+    """benchmarks/overlap_curves.py's summary: a column per S (rows: iterations), or with ``last`` a row per S."""
+    path = RESULTS.parent / name
+    if not path.is_file():
+        raise SystemExit(f"{where}: no overlap results {path.relative_to(REPO)}")
+    summary = json.loads(path.read_text())["summary"]  # {"S=0": [{iteration, eval_accuracy_mean/_min/_max}, ...]}
+    keys = sorted(summary, key=lambda k: int(k.split("=")[1]), reverse=True)
+    if last:
+        n = min(len(summary[k]) for k in keys) - 1
+        lines = [f"| S | held-out accuracy after iteration {n} |", "|---|---|"]
+        return "\n".join(lines + [f"| {k.split('=')[1]} | {_mean_and_range(summary[k][n])} |" for k in keys]) + "\n"
+    lines = ["| iteration | " + " | ".join(f"S = {k.split('=')[1]}" for k in keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for i in range(min(len(summary[k]) for k in keys)):
+        lines.append(f"| {i} | " + " | ".join(_mean_and_range(summary[k][i]) for k in keys) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def render(text: str, results: dict, where: str) -> str:

@@ -1,4 +1,5 @@
 """Docs that cannot rot: the schema page, the README's stage table and set-up commands match the code."""
+import json
 import re
 from pathlib import Path
 
@@ -157,6 +158,12 @@ def test_measured_numbers_in_the_docs_come_from_the_results_file():
     edited = readme.replace(f"<!-- value: grpo 4 -->{grpo['rows'][4]['eval_accuracy']:.3f}",
                             "<!-- value: grpo 4 -->0.123")
     assert doc_numbers.render(edited, results, "README.md") == readme
+    # the overlap tables come from benchmarks/overlap_curves.py's results: S = 1's last iteration, mean (range)
+    overlap = (REPO / "docs/overlap.md").read_text()
+    last = json.loads((REPO / "benchmarks/results/overlap_curves_tis_2026-11-29.json").read_text())["summary"]["S=1"][-1]
+    row = f"| 1 | {last['eval_accuracy_mean']:.3f} ({last['eval_accuracy_min']:.3f}-{last['eval_accuracy_max']:.3f}) |"
+    assert row in overlap
+    assert doc_numbers.render(overlap.replace(row, "| 1 | 0.900 (0.890-0.910) |"), results, "overlap.md") == overlap
 
 
 def exp_show_columns() -> list[str]:
