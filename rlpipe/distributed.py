@@ -13,6 +13,7 @@ Only rank 0 writes outputs. Kept free of polars: the GPU image runs the training
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Sequence
@@ -26,6 +27,17 @@ from rlpipe.errors import ConfigError
 
 T = TypeVar("T")
 
+
+
+def contiguous_blocks(count: int, parts: int) -> list[tuple[int, int]]:
+    """range(count) as ``parts`` contiguous [start, stop) blocks whose sizes differ by at most one (larger first).
+
+    One rule for every split by position: training ranks' rows, generating ranks' prompts, vLLM replicas'
+    requests. Contiguous blocks keep each part's output in order, so concatenating them is the whole.
+    """
+    base, extra = divmod(count, parts)
+    starts = [i * base + min(i, extra) for i in range(parts + 1)]
+    return list(itertools.pairwise(starts))
 
 @dataclass(frozen=True)
 class Dist:

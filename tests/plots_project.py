@@ -23,6 +23,15 @@ ITERATIONS, STEPS = 3, 12  # 3 iterations: DVC's own chart ticked them 0.0, 0.2 
 # dvc.yaml's top-level plots (12) plus the train stage's loss plot of plots/train_steps.csv.
 CHARTS = 13
 QUANTILES = (10, 25, 50, 75, 90)
+ITERATION_CHARTS = ["accuracy per iteration (held-out greedy, train samples)", "reward per iteration",
+                    "train reward distribution per iteration (median, p25-p75, p10-p90)",
+                    "KL per iteration (to the reference, to pi_old)", "clip fraction per iteration",
+                    "entropy per iteration (pi_old, nats per token)",
+                    "completion length per iteration (median, p25-p75, p10-p90)",
+                    "tool-use rate per iteration (multi-turn; share of rollouts with a tool call)",
+                    "turns per rollout per iteration (multi-turn; mean)"]  # dvc.yaml's per-iteration charts, in order
+STEP_CHARTS = ["train clip fraction per step", "train KL per step (approx KL to pi_old, KL to the reference)",
+               "train grad norm per step (before clipping)"]
 
 
 def history_rows(n: int = ITERATIONS) -> list[dict[str, float]]:

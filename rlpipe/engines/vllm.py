@@ -201,17 +201,6 @@ def run_requests(vllm: Any, llm: Any, requests: Sequence[PromptRequest], params:
     return groups
 
 
-def shard_bounds(count: int, shards: int) -> list[tuple[int, int]]:
-    """Split range(count) into `shards` contiguous pieces whose sizes differ by at most one."""
-    base, extra = divmod(count, shards)
-    bounds, start = [], 0
-    for i in range(shards):
-        stop = start + base + (i < extra)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
-
-
 def visible_gpu_ids() -> list[str] | None:
     """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (None: not set, all of them)."""
     value = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -463,7 +452,9 @@ class VLLMEngine:
 
         progress: optional callback, called with the number of samples finished as each replica's share comes back.
         """
-        shards = shard_bounds(len(requests), len(self._replicas))
+        from rlpipe.distributed import contiguous_blocks
+
+        shards = contiguous_blocks(len(requests), len(self._replicas))
         for replica, (start, stop) in zip(self._replicas, shards):
             replica.submit(requests[start:stop], params)
         results: list[list[Completion]] = []

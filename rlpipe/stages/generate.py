@@ -423,9 +423,9 @@ def prompt_share(prompts: pl.DataFrame, rank: int, world_size: int) -> pl.DataFr
     """Rank ``rank``'s contiguous block of the prompts (sizes differ by at most one)."""
     if world_size == 1:
         return prompts
-    from rlpipe.engines.vllm import shard_bounds
+    from rlpipe.distributed import contiguous_blocks
 
-    start, stop = shard_bounds(prompts.height, world_size)[rank]
+    start, stop = contiguous_blocks(prompts.height, world_size)[rank]
     return prompts.slice(start, stop - start)
 
 

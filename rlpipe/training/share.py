@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from rlpipe.distributed import contiguous_blocks
 from rlpipe.errors import ConfigError
 from rlpipe.training.objective import TrainingData
 
@@ -29,9 +30,7 @@ def share_bounds(num_rows: int, rank: int, world_size: int) -> tuple[int, int]:
     if num_rows < world_size:
         raise ConfigError(f"{num_rows} rollout(s) for {world_size} training ranks: every rank needs at least one row "
                           "(run fewer processes, or generate more rollouts)")
-    base, extra = divmod(num_rows, world_size)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
+    return contiguous_blocks(num_rows, world_size)[rank]
 
 
 @dataclass(frozen=True)

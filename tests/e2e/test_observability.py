@@ -10,22 +10,15 @@ import yaml
 from rlpipe.data.io import read_json
 from rlpipe.reports.packed import unpack
 from tests.e2e.conftest import run
+from tests.plots_project import ITERATION_CHARTS, STEP_CHARTS
 from tests.test_docs import doc_test_blocks
 
 pytestmark = pytest.mark.slow
 
 STAGES = ("prepare", "generate", "train_reward_model", "score", "reference_logprob", "values", "advantage", "train",
           "evaluate")
-ITERATION_PLOTS = ["accuracy per iteration (held-out greedy, train samples)", "reward per iteration",
-                   "train reward distribution per iteration (median, p25-p75, p10-p90)",
-                   "KL per iteration (to the reference, to pi_old)", "clip fraction per iteration",
-                   "entropy per iteration (pi_old, nats per token)",
-                   "completion length per iteration (median, p25-p75, p10-p90)",
-                   "tool-use rate per iteration (multi-turn; share of rollouts with a tool call)",
-                   "turns per rollout per iteration (multi-turn; mean)"]
-STEP_PLOTS = ["plots/train_steps.csv", "train clip fraction per step",
-              "train KL per step (approx KL to pi_old, KL to the reference)",
-              "train grad norm per step (before clipping)"]
+ITERATION_PLOTS = ITERATION_CHARTS
+STEP_PLOTS = ["plots/train_steps.csv", *STEP_CHARTS]
 
 
 def test_inspect_agrees_with_the_stage_metrics(reproduced, tmp_path):

@@ -22,7 +22,8 @@ from rlpipe.data.io import read_artifact, validate_frame, write_artifact
 from rlpipe.data.schema import ROLLOUTS
 from rlpipe.engines import vllm as vllm_engine
 from rlpipe.engines.base import Completion, GenerationEngine, PromptRequest, SamplingParams, derive_seed
-from rlpipe.engines.vllm import VLLMEngine, replica_gpu_ids, shard_bounds, to_completion, vllm_sampling_kwargs
+from rlpipe.distributed import contiguous_blocks
+from rlpipe.engines.vllm import VLLMEngine, replica_gpu_ids, to_completion, vllm_sampling_kwargs
 from rlpipe.errors import ConfigError
 from rlpipe.stages.generate import choose_engine, generate_rollouts, make_engine, rollout_frame
 from tests.shipped import shipped_params
@@ -364,8 +365,9 @@ def test_engines_per_gpu_below_one_is_refused(fake_vllm):
 
 
 def test_shards_and_gpu_assignment():
-    assert shard_bounds(7, 3) == [(0, 3), (3, 5), (5, 7)]
-    assert shard_bounds(1, 2) == [(0, 1), (1, 1)]
+    assert contiguous_blocks(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    assert contiguous_blocks(1, 2) == [(0, 1), (1, 1)]
+    assert contiguous_blocks(0, 2) == [(0, 0), (0, 0)]
     assert replica_gpu_ids(1, 2, None) == ["2", "3"]
     assert replica_gpu_ids(0, 1, ["3"]) == ["3"]
     with pytest.raises(ValueError, match="must fit the visible GPUs"):

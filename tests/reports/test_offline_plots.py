@@ -22,22 +22,21 @@ from rlpipe.cli import app
 from rlpipe.errors import RlpipeError
 from rlpipe.reports import plots
 from tests import browser
-from tests.plots_project import CHARTS, REPO, make_plots_project
+from tests.plots_project import (
+    CHARTS,
+    ITERATION_CHARTS,
+    REPO,
+    STEP_CHARTS,
+    make_plots_project,
+)
 
 pytest.importorskip("vl_convert", reason="vl-convert-python (the rlpipe[plots] extra) is not installed")
 runner = CliRunner()
 DVC_PURPLE = (0x94, 0x5D, 0xD6)  # the colour of DVC's first line (dvc_render's colour range)
 DVC_CYAN = "#13adc7"  # its second
-PER_ITERATION = ["accuracy per iteration (held-out greedy, train samples)", "reward per iteration",
-                 "train reward distribution per iteration (median, p25-p75, p10-p90)",
-                 "KL per iteration (to the reference, to pi_old)", "clip fraction per iteration",
-                 "entropy per iteration (pi_old, nats per token)",
-                 "completion length per iteration (median, p25-p75, p10-p90)",
-                 "tool-use rate per iteration (multi-turn; share of rollouts with a tool call)",
-                 "turns per rollout per iteration (multi-turn; mean)"]
+PER_ITERATION = ITERATION_CHARTS
 DISTRIBUTIONS = [t for t in PER_ITERATION if "distribution" in t or "length" in t]
-TITLES = PER_ITERATION + ["train clip fraction per step", "train KL per step (approx KL to pi_old, KL to the reference)",
-                          "train grad norm per step (before clipping)"]
+TITLES = PER_ITERATION + STEP_CHARTS
 SVG = "{http://www.w3.org/2000/svg}"
 
 
