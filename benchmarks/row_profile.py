@@ -26,7 +26,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from rlpipe.rewards.code import SandboxLimits, host_isolation, parse_tests, process, run_code_tests  # noqa: E402
+from rlpipe.rewards.code import (
+    SandboxLimits,
+    host_isolation,
+    parse_tests,
+    process,
+    run_code_tests,
+)
 
 LIMITS = SandboxLimits(timeout_s=10.0, cpu_time_s=10, memory_mb=512, max_processes=64, max_open_files=64,
                        max_file_mb=8, work_dir_mb=32, max_output_bytes=1_000_000)
@@ -56,8 +62,8 @@ class Timers:
         cgroups = process.RowCgroups
         process.RowCgroups = self.timed("cgroups", cgroups)
         cgroups.remove = self.timed("cleanup", cgroups.remove)
-        process._remove_quietly = self.timed("cleanup", process._remove_quietly)  # noqa: SLF001
-        process._end = self.timed("end", process._end)  # noqa: SLF001
+        process._remove_quietly = self.timed("cleanup", process._remove_quietly)
+        process._end = self.timed("end", process._end)
         popen = subprocess.Popen
 
         def spawn(*args, **kwargs):
@@ -69,7 +75,7 @@ class Timers:
         process.subprocess = type(sys)("subprocess_timed")
         process.subprocess.Popen, process.subprocess.PIPE = spawn, subprocess.PIPE
         process.subprocess.STDOUT, process.subprocess.TimeoutExpired = subprocess.STDOUT, subprocess.TimeoutExpired
-        read = process._Watch._read  # noqa: SLF001
+        read = process._Watch._read
 
         def read_timed(watch, fd, which):
             before = len(watch.lines)
@@ -83,7 +89,7 @@ class Timers:
                     self.add("cases", now - self.marks["last"])
                     self.add("case_process", payload.get("wall_s", 0.0))
                     self.marks["last"] = now
-        process._Watch._read = read_timed  # noqa: SLF001
+        process._Watch._read = read_timed
 
 
 def profile(rows: int, cases: int, timers: Timers) -> dict[str, float]:
