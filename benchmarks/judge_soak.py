@@ -305,6 +305,21 @@ def run(args: argparse.Namespace) -> dict:
             "growth": summary, "grew": grew, "samples": samples}
 
 
+def report(result: dict) -> tuple[str, list[str]]:
+    """The run as Markdown (what BENCHMARKS.md shows), and the lines saying what failed."""
+    lines = [(f"{result['rows']} rows ({result['mix']['hostile']} hostile, {result['mix']['honest']} honest) in "
+             f"{result['wall_s']} s: {result['rows_per_s']} rows/s, scorer CPU {result['scorer_cpu_ms_per_row']} "
+             f"ms/row"), f"scoring: {json.dumps(result['scoring'])}", "",
+             "| counter | judged | start | end | min | max | slope per 1,000 rows |", "|---|---|---|---|---|---|---|"]
+    for name, g in result["growth"].items():
+        judged = "exact" if name in EXACT else "tolerance" if name in NOISY_TOLERANCE else "reported"
+        lines.append(f"| {name} | {judged} | {g['start']} | {g['end']} | {g.get('min', '')} | {g.get('max', '')} | "
+                     f"{g['slope_per_1000_rows']} |")
+    failed = result["grew"] + [f"SCORING {k}: {result['scoring'][k]}" for k in ("errors", "forged", "honest_failed")
+                               if result["scoring"][k]]
+    return "\n".join(lines), failed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=2000)
@@ -312,18 +327,16 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=0.0, help="stop after the interval past this (0: no limit)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--report", default=None, help="print the report of a saved run (its --out file) and exit")
     args = parser.parse_args()
-    result = run(args)
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"\n{result['rows']} rows ({result['mix']['hostile']} hostile, {result['mix']['honest']} honest) in "
-          f"{result['wall_s']} s: {result['rows_per_s']} rows/s, scorer CPU {result['scorer_cpu_ms_per_row']} ms/row")
-    print(f"scoring: {json.dumps(result['scoring'])}")
-    print("| counter | start | end | slope per 1,000 rows |\n|---|---|---|---|")
-    for name, g in result["growth"].items():
-        print(f"| {name} | {g['start']} | {g['end']} | {g['slope_per_1000_rows']} |")
-    failed = result["grew"] + [f"SCORING {k}: {result['scoring'][k]}" for k in ("errors", "forged", "honest_failed")
-                               if result["scoring"][k]]
+    if args.report:
+        result = json.loads(Path(args.report).read_text())
+    else:
+        result = run(args)
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    text, failed = report(result)
+    print(text)
     for line in failed + result["examples"][:5]:
         print(line)
     sys.exit(1 if failed else 0)
