@@ -45,7 +45,8 @@ def _transform(value, transforms: tuple):
             name, arg = step
             value = round(value, arg) if name == "round" else value[arg]
         else:
-            value = {"sorted": sorted, "set": set, "frozenset": frozenset, "list": list, "tuple": tuple, "len": len,
+            value = {"sorted": sorted, "set": values.checked_set,
+                     "frozenset": lambda items: values.checked_set(items, frozen=True), "list": list, "tuple": tuple, "len": len,
                      "abs": abs, "round": round, "bool": bool, "str": str, "int": int, "float": float, "sum": sum,
                      "min": min, "max": max}[step](value)
     return value
@@ -132,4 +133,4 @@ def judge_case(record: CaseRecord, check: Check, *, cpu_time_s: int, tolerance: 
         held = _holds(actual, check, tolerance)
     except (TypeError, ValueError, KeyError, IndexError, OverflowError, RecursionError, MemoryError):
         held = False
-    return ("pass", "") if held else ("wrong_answer", f"returned {repr(actual)[:120]}")
+    return ("pass", "") if held else ("wrong_answer", f"returned {values.preview(actual)}")

@@ -208,9 +208,10 @@ HOSTILE_ROWS = [
 
 
 def test_many_rows_leave_no_kernel_object_on_the_host():
-    """RLPIPE_LEAK_ROWS rows (100 by default, ~10 s on a 2-core box; 500 took 110 s under load, too long for
-    CI there: BENCHMARKS.md has that run) of honest and hostile programs in every variant: the host's kernel
-    objects are unchanged."""
+    """RLPIPE_LEAK_ROWS rows (100 by default: 11 s on the 2-core box at load 2-4, 18 s at load 8-10) of honest
+    and hostile programs in every variant: the host's kernel objects are unchanged. The issue's 500 rows would
+    add 1-1.5 minutes to CI there (110 s measured), so they are counted by benchmarks/judge_soak.py instead,
+    which samples the same objects every 500 rows over thousands (BENCHMARKS.md)."""
     rows = int(os.environ.get("RLPIPE_LEAK_ROWS", "100"))
     names = sorted(VARIANTS)
     verdict(HONEST, isolation=VARIANTS["host"])  # warm: the first row loads what later rows reuse

@@ -396,3 +396,43 @@ def test_opt_in_sends_only_the_statements_judged_inside_into_the_program():
     namespace = {"f": lambda x: x}
     exec(compile(inside["python"], "<inside>", "exec"), namespace)
     namespace["test_a"](), namespace["test_b"]()  # test_b is left as `pass`: runs
+
+
+# ---------------------------------------------------------------------------------------------
+# Holes the second hostile corpus found in the judge (tests/rewards/code/hostile_corpus.py)
+# ---------------------------------------------------------------------------------------------
+
+COLLIDING = [k * (2**61 - 1) for k in range(1, 41_001)]  # distinct ints that all hash to 0
+
+
+@pytest.mark.parametrize("source", ["assert set(f(1)) == {1, 2}\n", "assert frozenset(f(1)) == frozenset({1})\n",
+                                    "assert len(set(f(1))) == 3\n"])
+def test_a_set_transform_of_a_returned_list_refuses_hash_flooding_in_linear_time(source):
+    """`decode` refuses a flooded *set*; a returned *list* that the judge turns into a set was not checked:
+    ~9 s of the scoring process's CPU per case, outside every sandbox limit."""
+    check = parse_tests(source, metadata={}, allow_forgeable=False)[0].cases[0].check
+    start = time.process_time()
+    kind, _ = judge_case(record(status=returned(COLLIDING)), check, cpu_time_s=1, tolerance=0)
+    assert (kind, time.process_time() - start < 0.5) == ("wrong_answer", True)
+    assert judge_case(record(status=returned([2, 1, 2, 1])), parse_tests(
+        "assert set(f(1)) == {1, 2}\n", metadata={}, allow_forgeable=False)[0].cases[0].check,
+        cpu_time_s=1, tolerance=0)[0] == "pass"
+
+
+def test_a_value_too_long_to_print_is_a_wrong_answer_and_not_an_error_of_the_row():
+    """`sum` of returned ints can pass Python's int-to-text limit (4,300 digits) in the judge: its message
+    then raised ValueError, which made the row an error (enough of them stop the stage)."""
+    check = parse_tests("assert sum(f(1)) == 5\n", metadata={}, allow_forgeable=False)[0].cases[0].check
+    kind, message = judge_case(record(status=returned([int("9" * 4300)] * 10)), check, cpu_time_s=1, tolerance=0)
+    assert (kind, message) == ("wrong_answer", "returned <a int whose repr failed: ValueError>")
+    assert values.preview([1, "a"] * 100, limit=12) == "[1, 'a', 1, "
+
+
+@pytest.mark.parametrize(("actual", "equal"), [
+    ("2.5000001", True), ("25e-1", True), ("+2.5", True), (".25e1", True),  # ASCII decimal notation
+    ("２.５", False), ("٢.٥", False), ("2.5_0000001", False), ("2_5e-1", False),  # what float() also reads
+    ("infinity", False), ("nan", False), ("0x1.4p1", False),
+])
+def test_under_a_tolerance_numbers_are_read_in_ascii_decimal_notation_only(actual, equal):
+    """Python's float() reads full-width and Arabic-Indic digits and underscores; no judge's checker does."""
+    assert values.stdout_equal(f"{actual}\n", "2.5\n", tolerance=1e-6) is equal
