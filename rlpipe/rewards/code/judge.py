@@ -93,6 +93,12 @@ def _holds(actual, check: Check, tolerance: float) -> bool:
     raise ValueError(f"unknown check {op!r}")
 
 
+# The kernel enforces RLIMIT_CPU on tick-sampled CPU time; wait4 reports the precise time, which on a loaded
+# machine was 0.86-0.96 s when a 1 s limit struck (issue 32's soak). A SIGKILL after three quarters of the limit is
+# the limit's: the label only (a timeout and a crash both earn nothing).
+CPU_LIMIT_SHARE = 0.75
+
+
 def judge_case(record: CaseRecord, check: Check, *, cpu_time_s: int, tolerance: float) -> tuple[str, str]:
     """(kind, message) of one case: a kind of `KINDS`; message "" on a pass."""
     if record.stop == "timeout":
@@ -106,7 +112,7 @@ def judge_case(record: CaseRecord, check: Check, *, cpu_time_s: int, tolerance: 
     status = _status(record)
     if record.exit < 0:
         sig = -record.exit
-        if sig in (signal.SIGKILL, signal.SIGXCPU) and record.cpu_s >= cpu_time_s - 0.05:
+        if sig in (signal.SIGKILL, signal.SIGXCPU) and record.cpu_s >= CPU_LIMIT_SHARE * cpu_time_s:
             return "timeout", f"CPU time limit of {cpu_time_s} s"
         return "crash", f"killed by {_signal_name(sig)}"
     if record.exit != 0:
