@@ -314,11 +314,12 @@ LAUNCHER = ("import os, subprocess, sys\n"
             "open(sys.argv[1], 'w').write(f'{usage.ru_maxrss} {os.waitstatus_to_exitcode(status)}')\n")
 
 
-def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int, str]:
-    """Wall seconds, peak RSS in MiB, exit code and the output's tail of one command, in a fresh process."""
+def measure(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> tuple[float, float, int, str]:
+    """Wall seconds, peak RSS in MiB, exit code and the output's tail of one command, in a fresh process.
+    ``cwd``: the checkout whose code runs (`python -m` puts the working directory before PYTHONPATH)."""
     with tempfile.NamedTemporaryFile("r", suffix=".rss") as report:
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-c", LAUNCHER, report.name, *cmd], env=env,
+        proc = subprocess.run([sys.executable, "-c", LAUNCHER, report.name, *cmd], env=env, cwd=cwd,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         seconds = time.perf_counter() - start
         kib, _, code = Path(report.name).read_text().partition(" ")
@@ -342,8 +343,8 @@ def run(data: Path, repo: Path = typer.Option(ROOT, help="checkout whose code ru
     for step in steps.split(","):
         command = step_command(step, data, repo, out)
         # what the step costs before it reads a row: the same command asked for its --help (imports done)
-        _, idle_mib, _, _ = measure(command + ["--help"], env)
-        seconds, mib, rc, tail = measure(command, env)
+        _, idle_mib, _, _ = measure(command + ["--help"], env, cwd=repo)
+        seconds, mib, rc, tail = measure(command, env, cwd=repo)
         need = needed_bytes(step, data, out)
         row = {"step": step, "repo": str(repo), **shape, "seconds": round(seconds, 2), "peak_mib": round(mib),
                "idle_mib": round(idle_mib), "needed_mib": round(need / 2**20, 1) if need else None,
