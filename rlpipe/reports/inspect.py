@@ -479,10 +479,9 @@ def streamed_view(target: str | Path, *, eval_view: bool
     advantages_by_token = "advantage" in frame.columns and frame["advantage"].drop_nulls().len() == 0
     try:
         plan = token_plan(loaded, token_advantages=advantages_by_token)
-        columns = {c for _, read, _ in plan for c in read}
-        stub = with_derived_columns(pl.DataFrame(schema={c: t for role, read, _ in plan
-                                                         for c, t in loaded.shapes[role][1].items() if c in read}))
-        stats = StreamedTokenStatistics(stub.columns, token_advantages=advantages_by_token)
+        read = {c: t for role, columns, _ in plan for c, t in loaded.shapes[role][1].items() if c in columns}
+        stats = StreamedTokenStatistics(with_derived_columns(pl.DataFrame(schema=read)).columns,
+                                        token_advantages=advantages_by_token)
         lengths = frame["completion_length"] if "completion_length" in frame.columns else None
         mean_length = float(lengths.mean() or 1) if lengths is not None and lengths.len() else 1.0
         rows = max(1, int(STREAM_BATCH_TOKENS // max(1.0, mean_length)))
@@ -497,8 +496,9 @@ def streamed_view(target: str | Path, *, eval_view: bool
     except (NotStreamable, ArtifactError):
         return None
     frame = frame.with_columns([pl.concat(parts).alias(name) for name, parts in per_row.items() if parts])
-    whole = pl.DataFrame(schema={**frame.schema, **stub.schema, **{c: pl.Null for c in columns if c not in stub}})
-    return loaded, frame, [*loaded.notes, *warnings], stats.result(), whole.clear()
+    joined = {c: t for role, _, _ in plan for c, t in loaded.shapes[role][1].items()}
+    whole = with_derived_columns(pl.DataFrame(schema={**joined, **frame.schema}))
+    return loaded, frame, [*loaded.notes, *warnings], stats.result(), whole
 
 
 # ----------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from rlpipe.data.lists import list_column
 from rlpipe.data.schema import ROLLOUTS, TOKEN_FLOATS, TRAIN_TOKEN_STATS
 from rlpipe.reports import inspect as inspect_module
 from rlpipe.reports.inspect import (
+    color_column,
     inspect_data,
     joined_frame,
     load,
@@ -106,7 +107,10 @@ def test_streamed_statistics_are_the_whole_frames(projects, estimator, batch_tok
     assert ("token_advantage" in got) == (estimator == "reinforce_plus_plus")
     assert len(want_look["sampler_mismatch"]["rows"]) == 5 and want_look["sampler_mismatch"]["rows"][0]["excerpt"]
     assert set(load(project).artifacts) == set(loaded.artifacts)
-    assert len(columns.columns) > len(frame.columns)  # every column --color-by may name, the token ones too
+    # every column --color-by may name, the token ones too (token_advantages even where grpo's are not read)
+    whole = joined_frame(load(project))[0]
+    assert set(columns.columns) == set(whole.columns)
+    assert color_column(columns, "token_advantages") == "token_advantages"
 
 
 def test_inspect_json_takes_the_streamed_path_with_the_same_output(projects, monkeypatch):
