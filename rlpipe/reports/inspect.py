@@ -495,9 +495,10 @@ def streamed_view(target: str | Path, *, eval_view: bool
             stats.add(batch)
     except (NotStreamable, ArtifactError):
         return None
-    frame = frame.with_columns([pl.concat(parts).alias(name) for name, parts in per_row.items() if parts])
     joined = {c: t for role, _, _ in plan for c, t in loaded.shapes[role][1].items()}
     whole = with_derived_columns(pl.DataFrame(schema={**joined, **frame.schema}))
+    frame = frame.with_columns([pl.concat(parts).alias(name) if parts else pl.Series(name, [], dtype=whole.schema[name])
+                                for name, parts in per_row.items() if parts or name in whole.columns])
     return loaded, frame, [*loaded.notes, *warnings], stats.result(), whole
 
 
