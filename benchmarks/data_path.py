@@ -24,7 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import polars as pl
@@ -63,36 +65,88 @@ def series(name: str, arrow: pa.Array) -> pl.Series:
     return pl.Series(name, arrow)
 
 
-def policy_masks(lengths: np.ndarray, multi_turn: bool, rng: np.random.Generator) -> np.ndarray:
-    mask = np.ones(int(lengths.sum()), dtype=bool)
-    if multi_turn:
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        for i in np.nonzero(rng.random(lengths.size) < 0.3)[0]:
-            n = int(lengths[i])
-            a = int(rng.integers(1, max(2, n // 2)))
-            mask[starts[i] + a:starts[i] + min(n - 1, a + 40)] = False
-    return mask
+# One random stream per kind of value, each drawn in order part after part: a table's numbers are the same
+# whatever the part size (numpy's generators give the same values drawn at once or in pieces).
+STREAMS = ("rows", "prompt_token_ids", "completion_token_ids", "logprobs", "ref_noise", "values")
 
 
-def rollouts_frame(rows: int, lengths: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> pl.DataFrame:
+def random_streams(seed: int) -> dict[str, np.random.Generator]:
+    return {name: np.random.default_rng(child)
+            for name, child in zip(STREAMS, np.random.SeedSequence(seed).spawn(len(STREAMS)))}
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """What every row is, drawn once for the whole iteration (bytes per row, so 1M rows are megabytes): its
+    completion length, reward, and the observation span masked out of a multi-turn row ([start, stop), empty
+    for a single-turn one)."""
+
+    lengths: np.ndarray
+    reward: np.ndarray
+    span_start: np.ndarray
+    span_stop: np.ndarray
+
+    @classmethod
+    def draw(cls, rows: int, kind: str, multi_turn: bool, rng: np.random.Generator) -> RowPlan:
+        lengths = completion_lengths(rows, kind, rng)
+        reward = rng.integers(0, 2, size=rows).astype(np.float64)
+        start = np.zeros(rows, dtype=np.int64)
+        stop = np.zeros(rows, dtype=np.int64)
+        if multi_turn:  # 30% of the rows: tokens [a, a + 40) are a tool's result (policy_mask false)
+            chosen = rng.random(rows) < 0.3
+            a = rng.integers(1, np.maximum(2, lengths // 2))
+            start[chosen] = a[chosen]
+            stop[chosen] = np.maximum(a, np.minimum(lengths - 1, a + 40))[chosen]
+        return cls(lengths, reward, start, stop)
+
+    def parts(self, part_tokens: int) -> list[tuple[int, int]]:
+        """Row ranges of whole prompt groups and about ``part_tokens`` completion tokens each."""
+        group_tokens = self.lengths.reshape(-1, GROUP).sum(axis=1)
+        ends = np.cumsum(group_tokens)
+        bounds, start = [], 0
+        while start < group_tokens.size:
+            stop = max(start + 1, int(np.searchsorted(ends, ends[start] - group_tokens[start] + part_tokens,
+                                                      side="right")))
+            bounds.append((start * GROUP, min(stop, group_tokens.size) * GROUP))
+            start = stop
+        return bounds
+
+
+def policy_masks(plan: RowPlan, start: int, stop: int) -> np.ndarray:
+    """The policy masks of rows [start, stop), flat: false over each multi-turn row's observation span."""
+    lengths = plan.lengths[start:stop]
+    firsts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    # +1 where a span starts, -1 where it stops; a running sum marks the tokens inside one
+    edges = np.zeros(int(lengths.sum()) + 1, dtype=np.int32)
+    np.add.at(edges, firsts + plan.span_start[start:stop], 1)
+    np.add.at(edges, firsts + plan.span_stop[start:stop], -1)
+    return np.cumsum(edges[:-1], dtype=np.int32) == 0
+
+
+def logprobs(streams: dict[str, np.random.Generator], tokens: int) -> np.ndarray:
+    return np.log(streams["logprobs"].uniform(0.01, 1.0, size=tokens)).astype(np.float32)
+
+
+def rollouts_part(plan: RowPlan, start: int, stop: int, streams: dict[str, np.random.Generator]) -> pl.DataFrame:
+    """Rows [start, stop) of the rollout table."""
+    rows = stop - start
+    lengths = plan.lengths[start:stop]
     tokens = int(lengths.sum())
-    pid = np.repeat(np.arange(rows // GROUP), GROUP)
-    sid = np.tile(np.arange(GROUP), rows // GROUP)
-    prompt_lengths = np.full(rows, PROMPT_TOKENS, dtype=np.int32)
-    logp = np.log(rng.uniform(0.01, 1.0, size=tokens)).astype(np.float32)
+    index = np.arange(start, stop)
+    prompt_ids = streams["prompt_token_ids"].integers(0, VOCAB, rows * PROMPT_TOKENS, dtype=np.int32)
+    completion_ids = streams["completion_token_ids"].integers(0, VOCAB, tokens, dtype=np.int32)
     return pl.DataFrame([
-        pl.Series("prompt_id", pid, dtype=pl.Int64), pl.Series("sample_idx", sid, dtype=pl.Int32),
+        pl.Series("prompt_id", index // GROUP, dtype=pl.Int64), pl.Series("sample_idx", index % GROUP, dtype=pl.Int32),
         pl.Series("policy_version", np.zeros(rows, dtype=np.int64)),
-        pl.Series("sample_seed", np.arange(rows, dtype=np.int64)),
-        series("prompt_token_ids", ragged(rng.integers(0, VOCAB, rows * PROMPT_TOKENS, dtype=np.int32),
-                                          prompt_lengths)),
-        series("completion_token_ids", ragged(rng.integers(0, VOCAB, tokens, dtype=np.int32), lengths)),
-        pl.Series("completion_text", [f"the answer is {i % 97}" for i in range(rows)]),
+        pl.Series("sample_seed", index, dtype=pl.Int64),
+        series("prompt_token_ids", ragged(prompt_ids, np.full(rows, PROMPT_TOKENS, dtype=np.int32))),
+        series("completion_token_ids", ragged(completion_ids, lengths)),
+        pl.Series("completion_text", [f"the answer is {i % 97}" for i in range(start, stop)]),
         pl.Series("completion_length", lengths, dtype=pl.Int32),
-        series("sampler_logprobs", ragged(logp, lengths)),
+        series("sampler_logprobs", ragged(logprobs(streams, tokens), lengths)),
         pl.Series("finish_reason", np.where(lengths >= CAP, "length", "stop")),
         pl.Series("truncated", lengths >= CAP),
-        series("policy_mask", ragged(mask, lengths)),
+        series("policy_mask", ragged(policy_masks(plan, start, stop), lengths)),
         pl.Series("num_turns", np.ones(rows, dtype=np.int32)),
         pl.Series("turn_starts", [[0]] * rows, dtype=pl.List(pl.Int32)),
         pl.Series("turn_texts", [None] * rows, dtype=pl.List(pl.String)),
@@ -104,42 +158,66 @@ def rollouts_frame(rows: int, lengths: np.ndarray, mask: np.ndarray, rng: np.ran
     ])
 
 
+def keys_of(start: int, stop: int) -> pl.DataFrame:
+    index = np.arange(start, stop)
+    return pl.DataFrame([pl.Series("prompt_id", index // GROUP, dtype=pl.Int64),
+                         pl.Series("sample_idx", index % GROUP, dtype=pl.Int32)])
+
+
+def ref_logprobs_part(plan: RowPlan, start: int, stop: int, streams: dict[str, np.random.Generator]) -> pl.DataFrame:
+    """Rows [start, stop) of the reference log-probs: the sampler's (the same stream again) plus noise."""
+    lengths = plan.lengths[start:stop]
+    tokens = int(lengths.sum())
+    ref = logprobs(streams, tokens) + streams["ref_noise"].normal(0, 0.05, tokens).astype(np.float32)
+    return keys_of(start, stop).with_columns(pl.lit(0, dtype=pl.Int64).alias("reference_version"),
+                                             series("ref_logprobs", ragged(ref.astype(np.float32), lengths)))
+
+
+def values_part(plan: RowPlan, start: int, stop: int, streams: dict[str, np.random.Generator]) -> pl.DataFrame:
+    lengths = plan.lengths[start:stop]
+    values = streams["values"].normal(0.5, 0.2, int(lengths.sum())).astype(np.float32)
+    return keys_of(start, stop).with_columns(series("values", ragged(values, lengths)))
+
+
+PART_TOKENS = 1 << 25  # completion tokens per part the builder holds (32M: ~1 GiB at its peak)
+
+
 @app.command()
 def build(out: Path, rows: int = typer.Option(32768), lengths: str = typer.Option("uniform"),
-          multi_turn: bool = typer.Option(False), seed: int = typer.Option(0)) -> None:
-    """Write rollouts, prompts, scores, ref_logprobs and values for one synthetic iteration into OUT."""
-    from rlpipe.data.io import write_artifact
+          multi_turn: bool = typer.Option(False), seed: int = typer.Option(0),
+          part_tokens: Annotated[int, typer.Option(help="completion tokens built and written at a time")
+                                 ] = PART_TOKENS) -> None:
+    """Write rollouts, prompts, scores, ref_logprobs and values for one synthetic iteration into OUT.
+
+    The token tables are built and written a part of rows at a time (`write_artifact_parts`, the writer of
+    the streamed stages): a billion-token iteration fits on a machine that cannot hold it."""
+    from rlpipe.data.io import write_artifact, write_artifact_parts
     from rlpipe.data.schema import PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, VALUES
 
     if rows % GROUP:
         raise typer.BadParameter(f"--rows must be a multiple of {GROUP}")
-    rng = np.random.default_rng(seed)
     out.mkdir(parents=True, exist_ok=True)
-    n = completion_lengths(rows, lengths, rng)
-    mask = policy_masks(n, multi_turn, rng)
-    roll = rollouts_frame(rows, n, mask, rng)
-    keys = roll.select("prompt_id", "sample_idx")
-    write_artifact(roll.drop(), out / "rollouts.parquet", ROLLOUTS, metadata={"policy_version": 0})
+    plan = RowPlan.draw(rows, lengths, multi_turn, random_streams(seed)["rows"])
+    parts = plan.parts(part_tokens)
+    for name, schema, part in (("rollouts", ROLLOUTS, rollouts_part), ("ref_logprobs", REF_LOGPROBS, ref_logprobs_part),
+                               ("values", VALUES, values_part)):
+        streams = random_streams(seed)  # every table draws its streams from their start
+        metadata = {"policy_version": 0, **({"critic": "synthetic", "estimator": "gae"} if name == "values" else {})}
+        write_artifact_parts((part(plan, a, b, streams) for a, b in parts), out / f"{name}.parquet", schema,
+                             metadata=metadata)
     num_prompts = rows // GROUP
     write_artifact(pl.DataFrame({"prompt_id": np.arange(num_prompts), "prompt": ["q"] * num_prompts,
                                  "prompt_token_ids": [[1, 2]] * num_prompts,
                                  "answer": [str(i % 97) for i in range(num_prompts)],
                                  "metadata": ["{}"] * num_prompts}), out / "prompts.parquet", PROMPTS)
-    reward = rng.integers(0, 2, size=rows).astype(np.float64)
-    write_artifact(keys.with_columns(pl.Series("reward", reward), pl.Series("correct", reward > 0),
-                                     pl.Series("score_error", [None] * rows, dtype=pl.String),
-                                     pl.Series("reward_exact_answer", reward)), out / "scores.parquet", SCORES)
-    tokens = int(n.sum())
-    ref = roll["sampler_logprobs"].list.explode().to_numpy() + rng.normal(0, 0.05, tokens).astype(np.float32)
-    write_artifact(keys.with_columns(pl.lit(0, dtype=pl.Int64).alias("reference_version"),
-                                     series("ref_logprobs", ragged(ref.astype(np.float32), n))),
-                   out / "ref_logprobs.parquet", REF_LOGPROBS, metadata={"policy_version": 0})
-    write_artifact(keys.with_columns(series("values", ragged(rng.normal(0.5, 0.2, tokens).astype(np.float32), n))),
-                   out / "values.parquet", VALUES, metadata={"policy_version": 0, "critic": "synthetic",
-                                                             "estimator": "gae"})
+    write_artifact(keys_of(0, rows).with_columns(
+        pl.Series("reward", plan.reward), pl.Series("correct", plan.reward > 0),
+        pl.Series("score_error", [None] * rows, dtype=pl.String), pl.Series("reward_exact_answer", plan.reward)),
+        out / "scores.parquet", SCORES)
+    tokens = int(plan.lengths.sum())
     (out / "shape.json").write_text(json.dumps({"rows": rows, "lengths": lengths, "multi_turn": multi_turn,
                                                 "tokens": tokens, "seed": seed}) + "\n")
-    print(f"{out}: {rows} rows, {tokens / 1e6:.1f}M completion tokens")
+    print(f"{out}: {rows} rows, {tokens / 1e6:.1f}M completion tokens, {len(parts)} part(s)")
 
 
 def params_for(data: Path, estimator: str) -> Path:
@@ -215,10 +293,16 @@ def needed_bytes(step: str, data: Path, out: Path) -> int | None:
     wanted = NEEDED.get(step)
     if wanted is None:
         return None
-    total = sum(pq.read_table(data / f"{table}.parquet", columns=columns).nbytes for table, columns in wanted.items())
+    total = sum(arrow_bytes(data / f"{table}.parquet", columns) for table, columns in wanted.items())
     if step in OUTPUTS and (out / OUTPUTS[step]).is_file():
-        total += pq.read_table(out / OUTPUTS[step]).nbytes
+        total += arrow_bytes(out / OUTPUTS[step], None)
     return total
+
+
+def arrow_bytes(path: Path, columns: list[str] | None) -> int:
+    """The Arrow size of a table's columns, summed a row group at a time (a 1B-token table is not held)."""
+    parquet = pq.ParquetFile(path)
+    return sum(parquet.read_row_group(i, columns=columns).nbytes for i in range(parquet.num_row_groups))
 
 
 # Runs argv[2:] and writes its peak RSS (KiB) and exit code to argv[1]. Why a launcher: Linux counts a
@@ -230,11 +314,12 @@ LAUNCHER = ("import os, subprocess, sys\n"
             "open(sys.argv[1], 'w').write(f'{usage.ru_maxrss} {os.waitstatus_to_exitcode(status)}')\n")
 
 
-def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int, str]:
-    """Wall seconds, peak RSS in MiB, exit code and the output's tail of one command, in a fresh process."""
+def measure(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> tuple[float, float, int, str]:
+    """Wall seconds, peak RSS in MiB, exit code and the output's tail of one command, in a fresh process.
+    ``cwd``: the checkout whose code runs (`python -m` puts the working directory before PYTHONPATH)."""
     with tempfile.NamedTemporaryFile("r", suffix=".rss") as report:
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-c", LAUNCHER, report.name, *cmd], env=env,
+        proc = subprocess.run([sys.executable, "-c", LAUNCHER, report.name, *cmd], env=env, cwd=cwd,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         seconds = time.perf_counter() - start
         kib, _, code = Path(report.name).read_text().partition(" ")
@@ -258,8 +343,8 @@ def run(data: Path, repo: Path = typer.Option(ROOT, help="checkout whose code ru
     for step in steps.split(","):
         command = step_command(step, data, repo, out)
         # what the step costs before it reads a row: the same command asked for its --help (imports done)
-        _, idle_mib, _, _ = measure(command + ["--help"], env)
-        seconds, mib, rc, tail = measure(command, env)
+        _, idle_mib, _, _ = measure(command + ["--help"], env, cwd=repo)
+        seconds, mib, rc, tail = measure(command, env, cwd=repo)
         need = needed_bytes(step, data, out)
         row = {"step": step, "repo": str(repo), **shape, "seconds": round(seconds, 2), "peak_mib": round(mib),
                "idle_mib": round(idle_mib), "needed_mib": round(need / 2**20, 1) if need else None,

@@ -158,8 +158,8 @@ def _gae_entry(*, rewards_B, group_index_B, layout, mask_N, token_rewards_N, val
     n = int(m.sum())
     metrics = {
         "num_valid_tokens": n,
-        "raw_advantage_mean": float(raw_N[m].mean()) if n else 0.0,
-        "return_mean": float(returns_N[m].mean()) if n else 0.0,
+        "raw_advantage_mean": float(ragged.valid_mean(raw_N, m, n)) if n else 0.0,
+        "return_mean": float(ragged.valid_mean(returns_N, m, n)) if n else 0.0,
     }
     adv_N = ragged.whiten(raw_N, m, form=o["whiten_form"], eps=o["whiten_eps"]) if o["whiten"] else raw_N
     return _tokens_result(adv_N, None, returns_N, metrics)

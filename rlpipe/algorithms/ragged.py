@@ -20,7 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlpipe.algorithms.pairwise_sum import StreamedSum
+
 ROW_SUM_CHUNK_ELEMENTS = 1 << 22  # 4M float64 = 32 MiB: the padded block `row_sums` builds at a time
+SUM_CHUNK = 1 << 22  # tokens whose valid values `valid_mean_and_squares` copies out at a time
 
 
 @dataclass(frozen=True)
@@ -91,10 +94,10 @@ def check_mask(mask_N, num_tokens: int) -> np.ndarray:
 def valid_tokens(x_N, name: str, mask_N: np.ndarray) -> np.ndarray:
     """float64 copy of a per-token array with the tokens outside the mask set to 0 (NaN there cannot leak);
     NaN or inf at a valid token is an error."""
-    x = np.asarray(x_N, dtype=np.float64)
+    x = np.array(x_N, dtype=np.float64)  # one copy (of a float32 input, its only float64 one), zeroed in place
     if x.shape != mask_N.shape:
         raise ValueError(f"{name} has shape {x.shape}, the mask has {mask_N.shape}")
-    x = np.where(mask_N, x, 0.0)
+    x[~np.asarray(mask_N, dtype=bool)] = 0.0
     if not np.all(np.isfinite(x)):
         raise ValueError(f"{name} contains NaN or inf at valid tokens")
     return x
@@ -245,6 +248,28 @@ def whitening_scale(squares: float, n: int, *, form: str, eps: float) -> float |
     return None if scale == 0.0 else scale
 
 
+def valid_mean(x_N: np.ndarray, mask_N: np.ndarray, n: int) -> np.float64:
+    """``x_N[mask_N].mean()`` of its ``n`` > 0 valid values, bit for bit, a chunk of tokens at a time
+    (`StreamedSum`): no copy of the valid tokens."""
+    total = StreamedSum(n)
+    for start in range(0, x_N.size, SUM_CHUNK):
+        total.add(x_N[start:start + SUM_CHUNK][mask_N[start:start + SUM_CHUNK]])
+    return np.float64(total.total()) / n  # np.mean: the pairwise sum over the count
+
+
+def valid_mean_and_squares(x_N: np.ndarray, mask_N: np.ndarray, n: int) -> tuple[np.float64, float]:
+    """`valid_mean` and the valid values' summed squared deviations from it, as numpy takes them over
+    ``x_N[mask_N]``, a chunk at a time."""
+    mean = valid_mean(x_N, mask_N, n)
+    squares = StreamedSum(n)
+    for start in range(0, x_N.size, SUM_CHUNK):
+        deviations = x_N[start:start + SUM_CHUNK][mask_N[start:start + SUM_CHUNK]]
+        deviations -= mean
+        np.square(deviations, out=deviations)
+        squares.add(deviations)
+    return mean, squares.total()
+
+
 def whiten(x_N, mask_N, *, form: str, eps: float) -> np.ndarray:
     """Centre and scale by the mean and spread of the valid tokens (forms and worked example:
     `rlpipe.algorithms.advantages.whiten`). Shapes: [N] -> [N], 0 outside the mask."""
@@ -254,12 +279,8 @@ def whiten(x_N, mask_N, *, form: str, eps: float) -> np.ndarray:
     n = int(m.sum())
     if n == 0 or (form == "unbiased_rsqrt" and n == 1):
         return np.zeros(m.shape, dtype=np.float64)
-    deviations = x[m]
-    mean = deviations.mean()
-    deviations -= mean
-    np.square(deviations, out=deviations)
-    scale = whitening_scale(float(deviations.sum()), n, form=form, eps=eps)
-    del deviations
+    mean, squares = valid_mean_and_squares(x, m, n)
+    scale = whitening_scale(squares, n, form=form, eps=eps)
     if scale is None:  # all valid values equal and eps = 0: nothing to scale
         return np.zeros(m.shape, dtype=np.float64)
     x -= mean  # in place on valid_tokens' copy: the same bits as (x - mean) / scale, without two more arrays

@@ -414,7 +414,9 @@ def stream_artifact(path: str | os.PathLike, schema: ArtifactSchema, *, columns:
     meta = _checked_metadata(p, schema)
     only = None if columns is None else list(dict.fromkeys([*schema.keys, *columns]))
     try:
-        parquet = pq.ParquetFile(p)
+        # pre_buffer off: pyarrow's pre-buffering keeps every row group's column chunks it read until the file
+        # is closed, so a streamed read of a 1B-token table grew to the file's size (6.7 GiB for `validate`)
+        parquet = pq.ParquetFile(p, pre_buffer=False)
     except (pa.ArrowInvalid, OSError) as e:
         raise ArtifactError(f"{p}: not a readable Parquet file (truncated or corrupt?): {e}") from None
     absent = [c for c in (only or []) if c not in parquet.schema_arrow.names]

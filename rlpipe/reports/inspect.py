@@ -17,6 +17,7 @@ Columns added to the joined rows (documented in docs/inspect.md), usable in --wh
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ import numpy as np
 import polars as pl
 
 from rlpipe.data.decode import TokenDecoder, fallback_pieces, find_decoder
-from rlpipe.data.io import Artifact, join_on_keys, read_artifact, read_metadata
+from rlpipe.data.io import Artifact, count_rows, join_on_keys, read_artifact, read_metadata, stream_artifact
 from rlpipe.data.schema import (ADVANTAGES, EVAL_ROLLOUTS, PROMPTS, REF_LOGPROBS, ROLLOUTS, SCORES, TRAIN_TOKEN_STATS,
                            component_column, get_schema)
 from rlpipe.data.view import prompt_view_columns, with_prompt_columns
@@ -33,6 +34,8 @@ from rlpipe.errors import ArtifactError
 from rlpipe.reports import sources
 from rlpipe.reports.look_here import look_here
 from rlpipe.reports.selection import informative_order, one_sample_per_prompt
+from rlpipe.reports.token_stats import (TOKEN_COLUMNS, StreamedTokenStatistics, finite_or_none, series_stats,
+                                        token_statistics)
 from rlpipe.reports.turn_view import turn_records, turn_summary
 
 KEYS = ("prompt_id", "sample_idx")
@@ -67,6 +70,8 @@ class Loaded:
     params: dict[str, Any] | None = None  # its params.yaml (at ``rev``), read leniently
     rev: str | None = None  # the git revision read, None for the files on disk
     notes: list[str] = field(default_factory=list)  # why an artifact could not be read at ``rev``
+    # role -> (rows, whole schema) where ``artifacts`` holds only the row-level columns (`streamed_view`)
+    shapes: dict[str, tuple[int, dict[str, pl.DataType]]] = field(default_factory=dict)
 
 
 def read_project_paths(root: Path) -> dict[str, Any]:
@@ -246,19 +251,6 @@ def color_column(frame: pl.DataFrame, requested: str | None) -> str | None:
 # Summary statistics
 # ----------------------------------------------------------------------------------------------
 
-def _num(x: Any) -> float | None:
-    if x is None:
-        return None
-    x = float(x)
-    return None if math.isnan(x) or math.isinf(x) else x
-
-
-def _stats(s: pl.Series) -> dict[str, float | None]:
-    s = s.drop_nulls()
-    return {"mean": _num(s.mean()), "std": _num(s.std()) if s.len() > 1 else None,
-            "min": _num(s.min()), "max": _num(s.max()), "count": s.len()}
-
-
 def group_table(frame: pl.DataFrame) -> pl.DataFrame:
     """One row per prompt: group size, reward mean/std, number correct, whether all rewards are equal."""
     aggs = [pl.len().alias("size")]
@@ -284,88 +276,230 @@ def _length_histogram(lengths: pl.Series, max_bins: int = 16) -> list[dict[str, 
             for b in range((hi - lo) // width + 1)]
 
 
-def k3_mean(log_ratio: pl.Series) -> float | None:
-    """Mean of the k3 KL estimate `exp(-r) + r - 1` over the tokens: >= 0 per token, so never shown negative
-    (near r = 0 the float formula rounds to -1e-17 and the like)."""
-    return _num(((-log_ratio).exp() + log_ratio - 1).clip(lower_bound=0.0).mean())
+def summarize(loaded: Loaded, frame: pl.DataFrame, *, total_rows: int, warnings: list[str],
+              tokens: dict[str, Any] | None = None) -> dict[str, Any]:
+    """JSON-ready statistics of ``frame`` (the selected rows), with the artifacts' schemas and row counts.
 
-
-def _flat(frame: pl.DataFrame, column: str) -> pl.Series:
-    """A per-token column's values, at the policy's tokens only (observation tokens have no log-probs)."""
-    if "policy_mask" not in frame.columns:
-        return frame[column].explode().drop_nulls()
-    both = frame.select(pl.col(column).explode(), pl.col("policy_mask").explode())
-    return both.filter(pl.col("policy_mask"))[column].drop_nulls()
-
-
-def summarize(loaded: Loaded, frame: pl.DataFrame, *, total_rows: int, warnings: list[str]) -> dict[str, Any]:
-    """JSON-ready statistics of ``frame`` (the selected rows), with the artifacts' schemas and row counts."""
+    ``tokens``: the token statistics (`rlpipe.reports.token_stats`) when ``frame`` holds the row-level columns
+    only and they were streamed (`streamed_view`); else they are taken from ``frame``."""
     cols = set(frame.columns)
     out: dict[str, Any] = {
         "source": loaded.label, "view": loaded.view, "rows_selected": frame.height, "rows_total": total_rows,
         "artifacts": [{"role": role, "path": str(a.path), "artifact": a.metadata.get("artifact"),
-                       "rows": a.frame.height, "policy_version": a.metadata.get("policy_version"),
-                       "columns": {c: str(t) for c, t in a.frame.schema.items()}}
+                       "rows": loaded.shapes[role][0] if role in loaded.shapes else a.frame.height,
+                       "policy_version": a.metadata.get("policy_version"),
+                       "columns": {c: str(t) for c, t in (loaded.shapes[role][1] if role in loaded.shapes
+                                                          else a.frame.schema).items()}}
                       for role, a in loaded.artifacts.items()],
         "missing": loaded.missing, "warnings": warnings,
     }
     if "reward" in cols:
-        out["reward"] = _stats(frame["reward"])
-        out["components"] = {c.removeprefix("reward_"): _stats(frame[c]) for c in sorted(cols)
+        out["reward"] = series_stats(frame["reward"])
+        out["components"] = {c.removeprefix("reward_"): series_stats(frame[c]) for c in sorted(cols)
                              if c.startswith("reward_")}
     if "correct" in cols:
         judged = frame["correct"].drop_nulls()
-        out["accuracy"] = _num(judged.cast(pl.Float64).mean()) if judged.len() else None
+        out["accuracy"] = finite_or_none(judged.cast(pl.Float64).mean()) if judged.len() else None
     groups = group_table(frame) if {"prompt_id", "sample_idx", "reward"} <= cols else None
     if groups is not None and (groups["size"] > 1).any():  # one sample per prompt (eval): no groups to describe
         multi = groups.filter(pl.col("size") > 1)
         out["groups"] = {
-            "count": groups.height, "size_mean": _num(groups["size"].mean()),
-            "zero_variance_share": _num(multi["zero_variance"].cast(pl.Float64).mean()) if multi.height else None,
+            "count": groups.height, "size_mean": finite_or_none(groups["size"].mean()),
+            "zero_variance_share": (finite_or_none(multi["zero_variance"].cast(pl.Float64).mean()) if multi.height
+                                    else None),
             "singletons": groups.height - multi.height,
-            "group_mean": _stats(groups["reward_mean"]), "within_group_std_mean": _num(multi["reward_std"].mean()),
+            "group_mean": series_stats(groups["reward_mean"]),
+            "within_group_std_mean": finite_or_none(multi["reward_std"].mean()),
         }
         if "num_correct" in groups.columns:
             counts = groups.group_by("size", "num_correct").len().sort("size", "num_correct")
             out["groups"]["correct_per_group"] = [{"correct": int(k), "of": int(g), "groups": int(n)}
                                                   for g, k, n in counts.iter_rows()]
     if "advantage" in cols:
-        out["advantage"] = _stats(frame["advantage"])
-        if out["advantage"]["count"] == 0 and "token_advantages" in cols:
-            # GAE and REINFORCE++ give each token its own advantage: the sequence column is null by design.
-            out["token_advantage"] = _stats(_flat(frame, "token_advantages"))
-            estimator = sources.dotted(loaded.params or {}, "advantage.estimator")
-            who = f"advantage.estimator {estimator}" if estimator else "this estimator"
-            out["advantage_note"] = (f"per token only: {who} gives each token its own advantage, so the "
-                                     "sequence-level `advantage` column is empty; rows show the mean of their "
-                                     "token advantages")
+        out["advantage"] = series_stats(frame["advantage"])
+    if tokens is None:
+        tokens = token_statistics(frame, token_advantages="advantage" in out and out["advantage"]["count"] == 0)
+    if "advantage" in cols and "token_advantage" in tokens:
+        # GAE and REINFORCE++ give each token its own advantage: the sequence column is null by design.
+        out["token_advantage"] = tokens["token_advantage"]
+        estimator = sources.dotted(loaded.params or {}, "advantage.estimator")
+        who = f"advantage.estimator {estimator}" if estimator else "this estimator"
+        out["advantage_note"] = (f"per token only: {who} gives each token its own advantage, so the "
+                                 "sequence-level `advantage` column is empty; rows show the mean of their "
+                                 "token advantages")
     if "filtered_reason" in cols:
         reasons = frame["filtered_reason"].drop_nulls().value_counts().sort("filtered_reason")
         out["filtered"] = {r: int(n) for r, n in reasons.iter_rows()}
     if "completion_length" in cols:
         lengths = frame["completion_length"]
-        out["length"] = {**_stats(lengths), "p50": _num(lengths.quantile(0.5)) if lengths.len() else None,
-                         "p90": _num(lengths.quantile(0.9)) if lengths.len() else None,
+        out["length"] = {**series_stats(lengths),
+                         "p50": finite_or_none(lengths.quantile(0.5)) if lengths.len() else None,
+                         "p90": finite_or_none(lengths.quantile(0.9)) if lengths.len() else None,
                          "histogram": _length_histogram(lengths)}
     if "truncated" in cols:
-        out["truncation_rate"] = _num(frame["truncated"].cast(pl.Float64).mean())
+        out["truncation_rate"] = finite_or_none(frame["truncated"].cast(pl.Float64).mean())
     if "score_error" in cols:
         kinds = frame["score_error"].drop_nulls().str.extract(r"^([^:]+)", 1).value_counts().sort("score_error")
         out["scorer_errors"] = {k: int(n) for k, n in kinds.iter_rows()}
-    if "sampler_mismatch" in cols:
-        diff = _flat(frame, "sampler_mismatch").abs()
-        out["logprob_mismatch"] = {"mean_abs": _num(diff.mean()), "max_abs": _num(diff.max()), "tokens": diff.len()}
-    if "ref_log_ratio" in cols:
-        r = _flat(frame, "ref_log_ratio")  # log pi_sampler - log pi_ref, on tokens sampled from pi_sampler
-        out["kl_ref"] = {"k1": _num(r.mean()), "k3": k3_mean(r), "tokens": r.len()}
-    if "entropy" in cols:
-        out["entropy_mean"] = _num(_flat(frame, "entropy").mean())
-    if "log_ratio" in cols:
-        out["train_log_ratio_mean"] = _num(_flat(frame, "log_ratio").mean())
+    out.update({k: v for k, v in tokens.items() if k != "token_advantage"})
     turns = turn_summary(frame)
     if turns:
         out["turns"] = turns
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The statistics of an iteration too large to hold
+# ----------------------------------------------------------------------------------------------
+# Why: the joined frame of a 67M-token iteration is 2.4-2.8 GiB (of a 1B-token one, ~40 GiB), but the statistics
+# need a few numbers per row (rewards, lengths, flags) and, per token, counts, maxima and sums. So the row-level
+# columns are read and joined whole, by `joined_frame` itself, and the token columns a batch of rows at a time, in
+# two passes (`token_stats.StreamedTokenStatistics`): the same numbers as the whole frame gives, bit for bit.
+
+STREAM_BATCH_TOKENS = 1 << 22  # completion tokens per batch, about
+EXCERPT_KEEP = 81  # characters of a completion `look_here` needs for its excerpt (80, or 79 and an ellipsis)
+
+
+class NotStreamable(Exception):
+    """The tables do not line up row by row, or one is broken: the whole-frame path reads them and says why."""
+
+
+def row_level_columns(schema: dict[str, pl.DataType]) -> list[str]:
+    """An artifact's columns of one value (or a short list: tool calls) per row: not its token lists, nor texts."""
+    return [c for c, t in schema.items() if c not in KEYS and c != "completion_text"
+            and (not isinstance(t, pl.List) or c == "tool_calls")]
+
+
+def load_row_level(path: Path, *, eval_view: bool) -> Loaded | None:
+    """`load` of a project directory with the row-level columns only (and the prompts whole); None without a
+    prompt table (the whole frame's columns then keep their row groups as chunks, which a streamed sum of
+    them would not repeat)."""
+    params = sources.read_params(path)
+    paths = sources.project_paths(params)
+    roles = EVAL_ROLES if eval_view else TRAIN_ROLES
+    found, missing, shapes = {}, {}, {}
+    for role, key, schema in roles:
+        file = path / paths[key] if paths.get(key) else None
+        if file is None or not file.is_file():
+            if file is not None:
+                missing[role] = str(file)
+            continue
+        if role == "prompts":
+            found[role] = read_artifact(file, schema)
+            continue
+        whole = dict(read_artifact(file, schema, rows=(0, 0)).frame.schema)
+        shapes[role] = (count_rows(file), whole)
+        found[role] = read_artifact(file, schema, columns=row_level_columns(whole))
+    if roles[0][0] not in found or "prompts" not in found:
+        return None
+    return Loaded(label=str(path), view="eval" if eval_view else "train", base=roles[0][0], artifacts=found,
+                  missing=missing, model_dirs=_model_dirs(path, paths), root=path, params=params, shapes=shapes)
+
+
+def token_plan(loaded: Loaded, *, token_advantages: bool) -> list[tuple[str, list[str], list[str]]]:
+    """(role, token columns read, list columns whose lengths `join_on_keys` checks) of each joined table, the
+    columns a table brings as `joined_frame` takes them (the first table with a column gives it)."""
+    base = loaded.artifacts[loaded.base]
+    keys = base.frame.select(KEYS)
+    wanted = [c for c in TOKEN_COLUMNS if token_advantages or c != "token_advantages"]
+    seen: set[str] = set()
+    plan = []
+    for role, art in loaded.artifacts.items():
+        if role == "prompts":
+            continue
+        if role != loaded.base and not art.frame.select(KEYS).equals(keys):
+            if art.frame.select(KEYS).sort(list(KEYS)).equals(keys.sort(list(KEYS))):
+                raise NotStreamable(f"{art.path}: rows in another order than {base.path}")
+            continue  # not joined: `joined_frame` warned
+        schema = loaded.shapes[role][1]
+        brings = [c for c in schema if c not in seen]
+        seen.update(schema)
+        checked = [c for c in brings if isinstance(schema[c], pl.List)] if role != loaded.base else []
+        plan.append((role, [c for c in brings if c in wanted], checked))
+    return plan
+
+
+def exact_batches(batches: Iterator[pl.DataFrame], rows: int) -> Iterator[pl.DataFrame]:
+    """The frames of ``batches`` cut again into frames of exactly ``rows`` rows (the last one shorter)."""
+    pending, size = [], 0
+    for batch in batches:
+        pending.append(batch)
+        size += batch.height
+        while size >= rows:
+            joined = pl.concat(pending) if len(pending) > 1 else pending[0]
+            rest = joined[rows:]
+            yield joined[:rows]
+            pending, size = ([rest] if rest.height else []), rest.height
+    if size:
+        yield pl.concat(pending)
+
+
+def token_batches(loaded: Loaded, plan: list[tuple[str, list[str], list[str]]], lengths: pl.Series | None,
+                  rows: int, *, first_pass: bool) -> Iterator[pl.DataFrame]:
+    """The joined token columns, ``rows`` rows at a time (and in the first pass the list columns `join_on_keys`
+    checks and the completion texts); refused (`NotStreamable`) where the tables disagree."""
+    streams = []
+    for role, columns, checked in plan:
+        art = loaded.artifacts[role]
+        read = columns + [c for c in checked if c not in columns] if first_pass else columns
+        if first_pass and role == loaded.base and "completion_text" in loaded.shapes[role][1]:
+            read = [*read, "completion_text"]
+        stream = stream_artifact(art.path, get_schema(str(art.metadata.get("artifact"))), columns=read,
+                                 batch_rows=rows)
+        streams.append(exact_batches(stream.batches, rows))
+    start = 0
+    for parts in zip(*streams):
+        batch = parts[0]
+        for (role, columns, checked), part in zip(plan[1:], parts[1:]):
+            if not part.select(KEYS).equals(batch.select(KEYS)):
+                raise NotStreamable(f"{loaded.artifacts[role].path}: keys differ from the base table's")
+            if first_pass and lengths is not None:
+                own = lengths[start:start + part.height]
+                for c in checked:
+                    if (part[c].is_not_null() & (part[c].list.len() != own)).any():
+                        raise NotStreamable(f"{loaded.artifacts[role].path}: column {c!r} disagrees with the lengths")
+            batch = batch.hstack(part.select(columns))
+        start += batch.height
+        yield with_derived_columns(batch)
+
+
+def streamed_view(target: str | Path, *, eval_view: bool
+                  ) -> tuple[Loaded, pl.DataFrame, list[str], dict[str, Any], pl.DataFrame] | None:
+    """What `inspect_data` summarises, for a project directory, without holding a token column whole: the
+    loaded tables (row-level columns), the joined rows (their per-row token maxima and text excerpts added),
+    the warnings, the token statistics, and an empty frame with every column of the whole joined frame (what
+    --color-by may name). None where the whole-frame path must read the tables (see `NotStreamable`)."""
+    path = Path(target)
+    if not path.is_dir():
+        return None
+    loaded = load_row_level(path, eval_view=eval_view)
+    if loaded is None:
+        return None
+    frame, warnings = joined_frame(loaded)
+    advantages_by_token = "advantage" in frame.columns and frame["advantage"].drop_nulls().len() == 0
+    try:
+        plan = token_plan(loaded, token_advantages=advantages_by_token)
+        read = {c: t for role, columns, _ in plan for c, t in loaded.shapes[role][1].items() if c in columns}
+        stats = StreamedTokenStatistics(with_derived_columns(pl.DataFrame(schema=read)).columns,
+                                        token_advantages=advantages_by_token)
+        lengths = frame["completion_length"] if "completion_length" in frame.columns else None
+        mean_length = float(lengths.mean() or 1) if lengths is not None and lengths.len() else 1.0
+        rows = max(1, int(STREAM_BATCH_TOKENS // max(1.0, mean_length)))
+        per_row: dict[str, list[pl.Series]] = {"seq_mismatch_max": [], "seq_log_ratio_max": [], "completion_text": []}
+        for batch in token_batches(loaded, plan, lengths, rows, first_pass=True):
+            stats.count(batch)
+            for name, parts in per_row.items():
+                if name in batch.columns:
+                    parts.append(batch[name].str.slice(0, EXCERPT_KEEP) if name == "completion_text" else batch[name])
+        for batch in token_batches(loaded, plan, lengths, rows, first_pass=False):
+            stats.add(batch)
+    except (NotStreamable, ArtifactError):
+        return None
+    joined = {c: t for role, _, _ in plan for c, t in loaded.shapes[role][1].items()}
+    whole = with_derived_columns(pl.DataFrame(schema={**joined, **frame.schema}))
+    frame = frame.with_columns([pl.concat(parts).alias(name) if parts else pl.Series(name, [], dtype=whole.schema[name])
+                                for name, parts in per_row.items() if parts or name in whole.columns])
+    return loaded, frame, [*loaded.notes, *warnings], stats.result(), whole
 
 
 # ----------------------------------------------------------------------------------------------
@@ -441,7 +575,7 @@ def row_records(rows: pl.DataFrame, *, decoder: TokenDecoder | None, color_by: s
         rec["prompt_columns"] = {c: _json_value(row[c]) for c in prompt_columns if c in row}
         if row.get("advantage") is None and row.get("token_advantages") is not None:
             tokens = [v for v in row["token_advantages"] if v is not None]
-            rec["token_advantage_mean"] = _num(sum(tokens) / len(tokens)) if tokens else None
+            rec["token_advantage_mean"] = finite_or_none(sum(tokens) / len(tokens)) if tokens else None
         rec["components"] = {k.removeprefix("reward_"): _json_value(v) for k, v in row.items()
                              if k.startswith("reward_")}
         prompt = row.get("prompt")
@@ -515,7 +649,7 @@ def weights_mismatch(frame: pl.DataFrame, weights: dict[str, float]) -> str | No
 
 def _json_value(v: Any) -> Any:
     if isinstance(v, float):
-        return _num(v)
+        return finite_or_none(v)
     if isinstance(v, (list, tuple)):
         return [_json_value(x) for x in v]
     if isinstance(v, dict):
@@ -537,15 +671,20 @@ def inspect_data(target: str | Path, *, eval_view: bool = False, where: str | No
     """
     from rlpipe.data.exprs import filter_frame, sort_frame
 
-    loaded = load(target, eval_view=eval_view, rev=rev)
-    full, warnings = joined_frame(loaded)
-    warnings = [*loaded.notes, *warnings]
+    statistics_only = show is None and not prompt_ids and not where and not sort and rev is None
+    view = streamed_view(target, eval_view=eval_view) if statistics_only else None
+    if view is not None:  # the token columns were read a batch at a time: the same numbers, bounded memory
+        loaded, full, warnings, tokens, columns = view
+    else:
+        loaded = load(target, eval_view=eval_view, rev=rev)
+        full, warnings = joined_frame(loaded)
+        warnings, tokens, columns = [*loaded.notes, *warnings], None, full
     frame = full
     if where:
         frame = filter_frame(frame, where)
     if sort:
         frame = sort_frame(frame, sort, descending=descending)
-    summary = summarize(loaded, frame, total_rows=full.height, warnings=warnings)
+    summary = summarize(loaded, frame, total_rows=full.height, warnings=warnings, tokens=tokens)
     weights = reward_weights(loaded.params)
     if weights:
         summary["reward_weights"] = weights
@@ -560,7 +699,7 @@ def inspect_data(target: str | Path, *, eval_view: bool = False, where: str | No
                             "prompt_ids": list(prompt_ids or []), "show": show, "order": None, "order_note": None,
                             "rows_shown": 0}
     result: dict[str, Any] = {"summary": summary, "rows": [], "groups": {}, "color_by": None, "tokenizer": None}
-    color = color_column(frame, color_by)  # options are validated even when no row is shown
+    color = color_column(columns if view is not None else frame, color_by)  # validated even with no row shown
     decoder = find_decoder(loaded.model_dirs, tokenizer) if tokenizer else None
     if show is None and not prompt_ids:
         return result

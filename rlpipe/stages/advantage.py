@@ -25,7 +25,8 @@ from rlpipe.algorithms.advantages import adaptive_kl_beta, as_rewards, group_met
 from rlpipe.algorithms.estimators import get_advantage_estimator
 from rlpipe.algorithms.group_advantages import baseline_centred_rewards, gdpo_weighted_sum
 from rlpipe.algorithms.ragged import Layout
-from rlpipe.algorithms.streamed_sum import StreamedSum, Whitening, whitening_from_sums
+from rlpipe.algorithms.pairwise_sum import StreamedSum
+from rlpipe.algorithms.streamed_sum import Whitening, whitening_from_sums
 from rlpipe.config import AdvantageConfig, Params
 from rlpipe.data.io import Artifact, join_on_keys, read_artifact, require_critic_values, write_artifact_parts
 from rlpipe.data.lists import flat_values, list_column
@@ -196,15 +197,16 @@ def _compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights
             else np.ones(layout.num_tokens, dtype=bool))
     token_rewards = values = kl_B = None
     if cfg.uses_token_rewards:
-        old = flat_values(rows["sampler_logprobs"], np.float64)
-        ref = flat_values(rows["ref_logprobs"], np.float64)
+        # float32 as stored: token_kl takes each to float64 itself (the same values, one N-sized copy fewer each)
+        old = flat_values(rows["sampler_logprobs"], np.float32)
+        ref = flat_values(rows["ref_logprobs"], np.float32)
         k = cfg.kl_in_reward
         kl = ragged.token_kl(old, ref, mask, estimator=k.estimator)
         del old, ref
         kl_B = ragged.row_sums(kl, layout)
         token_rewards = ragged.penalized_rewards(rewards, kl, mask, layout, beta=k.beta)  # in place: kl is gone
     if cfg.needs_critic:
-        values = flat_values(rows["values"], np.float64)
+        values = flat_values(rows["values"], np.float32)  # as stored: gae takes its float64 copy itself
     stats, reason = group_statistics(rows, cfg)
     # Token-level estimators normalise over the batch's tokens: rows left out of the loss stay out of
     # those statistics too (a group estimator's rows only see their own group).
@@ -234,12 +236,21 @@ def _compute_advantages(rows: pl.DataFrame, cfg: AdvantageConfig, reward_weights
     metrics = outcome_metrics(cfg, frame["filtered_reason"], seq_adv, result.metrics)
     kl_state = kl_controller_state(cfg, kl_B)
     if kl_B is not None:
-        metrics.update(kl_reward_metrics(kl_state, float(token_rewards[mask].mean()) if mask.any() else 0.0))
+        metrics.update(kl_reward_metrics(kl_state, masked_mean(token_rewards, mask)))
     if seq_adv is None:  # token-level estimators: report the token advantages' spread instead
-        flat = result.tokens_N[estimator_mask]
-        metrics["advantage_mean"] = float(flat.mean()) if flat.size else 0.0
-        metrics["advantage_abs_mean"] = float(np.abs(flat).mean()) if flat.size else 0.0
+        metrics["advantage_mean"] = masked_mean(result.tokens_N, estimator_mask)
+        metrics["advantage_abs_mean"] = masked_mean(result.tokens_N, estimator_mask, absolute=True)
     return frame, metrics, kl_state
+
+
+def masked_mean(values_N: np.ndarray, mask_N: np.ndarray, *, absolute: bool = False) -> float:
+    """``float(values_N[mask_N].mean())`` (of the absolute values with ``absolute``; 0.0 for an empty mask),
+    bit for bit, a chunk of tokens at a time: no N-sized copy beside the arrays the stage already holds."""
+    total = StreamedSum(int(np.count_nonzero(mask_N)))
+    for start in range(0, values_N.size, CHUNK_TOKENS):
+        piece = values_N[start:start + CHUNK_TOKENS][mask_N[start:start + CHUNK_TOKENS]]
+        total.add(np.abs(piece, out=piece) if absolute else piece)
+    return mean_of(total, total.n)
 
 
 # --------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlpipe.algorithms.streamed_sum import StreamedSum, leaves, split_point
+from rlpipe.algorithms.pairwise_sum import StreamedSum, leaves, split_point
 
 
 def test_the_tree_splits_where_numpy_does():

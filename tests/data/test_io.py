@@ -31,6 +31,7 @@ from rlpipe.data.schema import (
     ROLLOUTS,
     SCHEMA_VERSION,
     SCORES,
+    TOKEN_FLOATS,
     TRAIN_TOKEN_STATS,
     VALUES,
     ArtifactSchema,
@@ -674,6 +675,31 @@ def test_validate_file_checks_every_batch_and_keys_across_batches(tmp_path):
         io.validate_file(bad, ROLLOUTS, batch_rows=1)
     empty = io.write_artifact(frame.head(0), tmp_path / "empty.parquet", ROLLOUTS)
     assert io.validate_file(empty, ROLLOUTS)[1] == 0
+
+
+def test_a_streamed_read_holds_a_row_group_not_the_file(tmp_path):
+    """pyarrow's pre-buffering kept every column chunk read until the file was closed: a streamed read of
+    32 row groups then held all of them (validate at 1B tokens: 6.7 GiB). Now about one row group."""
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng(0)
+    rows, length = 256, 512
+    frame = pl.DataFrame({"prompt_id": np.repeat(np.arange(rows // 16), 16),
+                          "sample_idx": np.tile(np.arange(16), rows // 16),
+                          "values": rng.normal(size=(rows, length)).astype(np.float32).tolist()},
+                         schema={"prompt_id": pl.Int64, "sample_idx": pl.Int32, "values": TOKEN_FLOATS})
+    parts = [frame.with_columns(pl.col("prompt_id") + rows // 16 * k) for k in range(32)]  # one row group each
+    path = io.write_artifact_parts(parts, tmp_path / "values.parquet", VALUES,
+                                   metadata={"policy_version": 0, "critic": "c"})
+    parquet = pq.ParquetFile(path)
+    assert parquet.num_row_groups == 32
+    group_bytes = parquet.read_row_group(0).nbytes  # 0.5 MiB of floats
+    stream = io.stream_artifact(path, VALUES, batch_rows=64)
+    peak = 0
+    for _ in stream.batches:
+        peak = max(peak, pa.total_allocated_bytes())
+    assert peak < 6 * group_bytes, f"{peak / 2**20:.1f} MiB held for row groups of {group_bytes / 2**20:.1f} MiB"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -246,7 +246,8 @@ def test_length_histogram_keeps_empty_bins_and_k3_is_never_negative():
 
     import polars as pl
 
-    from rlpipe.reports.inspect import _length_histogram, k3_mean  # noqa: PLC2701 - the one place that bins
+    from rlpipe.reports.inspect import _length_histogram  # noqa: PLC2701 - the one place that bins
+    from rlpipe.reports.token_stats import k3_mean
 
     bins = _length_histogram(pl.Series("completion_length", [1, 1, 2, 9, 10]), max_bins=5)
     assert bins == [{"from": 1, "to": 2, "count": 3}, {"from": 3, "to": 4, "count": 0},
