@@ -112,13 +112,15 @@ def timed_run(argv: list[str], root: Path) -> tuple[float, list[tuple[float, str
 
 
 def stage_spans(total: float, starts: list[tuple[float, str]]) -> list[dict[str, Any]]:
-    """Each stage start with its span (to the next start) and the iteration it belongs to (prepare: -1)."""
-    spans, iteration = [], -1
+    """Each stage start with its span (to the next start) and its iteration (prepare: -1; a stage seen
+    before in this iteration starts the next one)."""
+    spans, iteration, seen = [], 0, set()
     for i, (at, stage) in enumerate(starts):
-        if stage == "generate":
-            iteration += 1
+        if stage in seen:
+            iteration, seen = iteration + 1, set()
+        seen.add(stage)
         end = starts[i + 1][0] if i + 1 < len(starts) else total
-        spans.append({"iteration": max(iteration, 0) if stage != "prepare" else -1, "stage": stage,
+        spans.append({"iteration": iteration if stage != "prepare" else -1, "stage": stage,
                       "start_s": at, "span_s": round(end - at, 2)})
     return spans
 
