@@ -1,7 +1,8 @@
 """What placing stages on a Ray cluster costs: per-stage scheduling overhead, and whole iterations.
 
 Usage (from the repo root, with rlpipe[ray] installed; OMP_NUM_THREADS=1 on a small box):
-    python benchmarks/cluster_overhead.py [--stages 10] [--iterations 3] [--out cluster_overhead.json]
+    python benchmarks/cluster_overhead.py [--stages 10] [--iterations 3] [--repeats 3]
+        [--runs one_machine,cluster,one_machine_no_servers] [--out cluster_overhead.json]
 
 It starts a local Ray cluster (`ray.cluster_utils.Cluster`: a head without CPUs and one worker node of 2
 CPUs, on 127.0.0.1), then measures:
@@ -11,7 +12,9 @@ CPUs, on 127.0.0.1), then measures:
    "overhead" = the whole `run` minus the same command run locally as a subprocess;
 2. whole runs: `rlpipe run -n N` and `rlpipe run -n N --cluster` on the embedded default shrunk as in the
    tests (tests/e2e/conftest.py SMALL), each in a fresh project, and `rlpipe run -n N --no-servers` (no
-   warm stage server on the driver either: every stage a fresh process, as on the cluster's nodes).
+   warm stage server anywhere: every stage a fresh process); ``--repeats`` times, the runs of one repeat one
+   after another (side by side: a shared box's load hits both alike), with each stage's start and span as
+   the driver saw them (its "Running stage" line to the next), to show where the seconds go.
 """
 from __future__ import annotations
 
@@ -19,15 +22,19 @@ import argparse
 import io
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from tests.e2e.conftest import env, make_project
+
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # everything on 127.0.0.1 (docs/cluster.md)
 PROBE = [sys.executable, "-c", "import time; print(repr(time.time()), flush=True)"]
 
@@ -82,39 +89,91 @@ def per_stage(address: str, repeats: int) -> dict[str, float]:
             "max_overhead_s": round(max(r["overhead"] for r in steady), 3), "repeats": repeats}
 
 
-def whole_runs(address: str, iterations: int) -> dict[str, float]:
-    from tests.e2e.conftest import env, make_project
+RUNS = {"one_machine": [], "one_machine_no_servers": ["--no-servers"], "cluster": ["--cluster", "{address}"]}
+STAGE_LINE = re.compile(r"^Running stage '([^']+)'")
 
-    seconds = {}
-    for name, extra in (("one_machine", []), ("one_machine_no_servers", ["--no-servers"]),
-                        ("cluster", ["--cluster", address])):
-        root = make_project(Path(tempfile.mkdtemp(prefix=f"cluster_bench_{name}_")))
-        t0 = time.time()
-        subprocess.run(["rlpipe", "run", "-n", str(iterations), *extra], cwd=root, env={**env(), **RAY_ENV},
-                       check=True, capture_output=True)
-        seconds[name] = round(time.time() - t0, 2)
-    seconds["cluster_vs_one_machine"] = round(seconds["cluster"] / seconds["one_machine"], 3)
-    seconds["cluster_vs_no_servers"] = round(seconds["cluster"] / seconds["one_machine_no_servers"], 3)
-    return seconds
+
+def timed_run(argv: list[str], root: Path) -> tuple[float, list[tuple[float, str]]]:
+    """Run ``argv`` in ``root``; its seconds, and (seconds since start, stage) for each stage DVC started.
+
+    A stage's span is from its "Running stage" line to the next one (the last: to the run's end), so it
+    holds what the driver waits for: placement, the node's start-up, the stage, DVC's hashing and commit."""
+    t0 = time.time()
+    proc = subprocess.Popen(argv, cwd=root, env={**env(), **RAY_ENV}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    starts = []
+    for line in proc.stdout:
+        found = STAGE_LINE.match(line)
+        if found:
+            starts.append((round(time.time() - t0, 2), found.group(1)))
+    if proc.wait():
+        raise SystemExit(f"{' '.join(argv)} failed in {root} (exit {proc.returncode})")
+    return round(time.time() - t0, 2), starts
+
+
+def stage_spans(total: float, starts: list[tuple[float, str]]) -> list[dict[str, Any]]:
+    """Each stage start with its span (to the next start) and its iteration (prepare: -1; a stage seen
+    before in this iteration starts the next one)."""
+    spans, iteration, seen = [], 0, set()
+    for i, (at, stage) in enumerate(starts):
+        if stage in seen:
+            iteration, seen = iteration + 1, set()
+        seen.add(stage)
+        end = starts[i + 1][0] if i + 1 < len(starts) else total
+        spans.append({"iteration": iteration if stage != "prepare" else -1, "stage": stage,
+                      "start_s": at, "span_s": round(end - at, 2)})
+    return spans
+
+
+def whole_runs(address: str, iterations: int, names: list[str], repeats: int) -> dict[str, Any]:
+    """Each run in ``names`` ``repeats`` times, side by side (one after another within each repeat)."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for repeat in range(repeats):
+        for name in names:
+            root = make_project(Path(tempfile.mkdtemp(prefix=f"cluster_bench_{name}_")))
+            extra = [a.format(address=address) for a in RUNS[name]]
+            total, starts = timed_run(["rlpipe", "run", "-n", str(iterations), *extra], root)
+            runs[name].append({"seconds": total, "stages": stage_spans(total, starts)})
+            print(f"repeat {repeat}: {name} {total:.1f} s", file=sys.stderr, flush=True)
+    summary: dict[str, Any] = {}
+    for name, rows in runs.items():
+        seconds = [r["seconds"] for r in rows]
+        summary[name] = {"median_s": round(statistics.median(seconds), 2), "min_s": min(seconds),
+                         "max_s": max(seconds)}
+    if "one_machine" in runs:
+        for name, rows in runs.items():
+            if name != "one_machine":
+                ratios = [c["seconds"] / o["seconds"] for c, o in zip(rows, runs["one_machine"])]
+                summary[f"{name}_vs_one_machine"] = {"median": round(statistics.median(ratios), 3),
+                                                     "min": round(min(ratios), 3), "max": round(max(ratios), 3)}
+    return {"summary": summary, "runs": runs}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", type=int, default=10)
     parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="whole runs: each this many times, side by side")
+    parser.add_argument("--runs", default="one_machine,cluster,one_machine_no_servers",
+                        help=f"whole runs to measure, comma-separated, of {', '.join(RUNS)}")
     parser.add_argument("--out", default="cluster_overhead.json")
     args = parser.parse_args()
+    names = [n for n in args.runs.split(",") if n]
+    if not set(names) <= set(RUNS):
+        parser.error(f"--runs: {sorted(set(names) - set(RUNS))} not among {', '.join(RUNS)}")
     cluster = local_cluster()
     try:
         result = {"per_stage": per_stage(cluster.address, args.stages),
-                  f"run_{args.iterations}_iterations_s": whole_runs(cluster.address, args.iterations)}
+                  f"run_{args.iterations}_iterations": whole_runs(cluster.address, args.iterations, names,
+                                                                  args.repeats)}
     finally:
         import ray
 
         ray.shutdown()
         cluster.shutdown()
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    print(json.dumps({"per_stage": result["per_stage"],
+                      **{k: v["summary"] for k, v in result.items() if k != "per_stage"}}, indent=2))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ with a fresh rendezvous for multi-node stages (the whole gang at once), and reco
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
@@ -82,6 +83,35 @@ class ClusterExecutor:
         self.address: str | None = None  # the cluster's address, for processes the driver starts (sampling ahead)
         self.warm = False  # a warm stage server on each node (worker.stage_server, unless `rlpipe run --no-servers`)
         self.client = False  # connected through Ray Client (ray://): node tasks post their items to a mailbox
+        self.project: str | None = None  # set by `start_node_servers`: the project whose node servers this run keeps
+        self.node_servers: dict[str, Any] = {}  # node id -> its `rlpipe.cluster.warm.NodeServer` actor
+
+    def start_node_servers(self, project: str | Path) -> None:
+        """Start a warm stage server on every node a stage of this run can land on, now, without waiting
+        (`rlpipe.cluster.warm`): they warm while prepare and the driver's stages run. Only with a shared
+        filesystem (a stage in a fetched workspace of mode b runs in its own process) and warm servers on;
+        called by the one driver that runs the loop (a driver sampling ahead uses the same servers)."""
+        if not self.warm or self.cluster.data != "shared":
+            return
+        self.project = os.fspath(project)
+        self._ensure_node_servers()
+
+    def stop_node_servers(self) -> None:
+        """End the node servers this executor started (their actors; each server exits with its actor). A
+        driver that exits needs no call: Ray ends its job's actors. For drivers that go on (tests, benchmarks)."""
+        ray = import_ray()
+        for actor in self.node_servers.values():
+            with contextlib.suppress(Exception):  # already gone with its node
+                ray.kill(actor)
+        self.node_servers.clear()
+
+    def _ensure_node_servers(self) -> None:
+        if self.project is None:
+            return
+        from rlpipe.cluster.warm import start_servers
+
+        env = {k: v for k, v in environment_for_nodes(dict(os.environ)).items() if k != "RLPIPE_STAGE_SERVER"}
+        start_servers(import_ray(), self.cluster, self.project, env, self.node_servers)
 
     def claims(self, stage: str) -> bool:
         return stage in self.cluster.stages
@@ -92,6 +122,7 @@ class ClusterExecutor:
         plan = placement.stage_plan(self.cluster, stage)
         for attempt_no in range(1, self.cluster.max_retries + 2):
             placement.check_feasible(plan, alive_node_resources())
+            self._ensure_node_servers()  # a node that joined since (a spare for a retry) gets one too
             attempt = self._attempt(plan, commands, cwd, environment_for_nodes(env), attempt_no, data_job)
             if attempt.lost is None:
                 break

@@ -132,14 +132,19 @@ def check_feasible(plan: StagePlan, nodes: list[dict[str, float]]) -> None:
 
     ``nodes``: the total resources of each alive node (``ray.nodes()[i]["Resources"]``).
     """
-    fits = [n for n in nodes if all(n.get(k, 0.0) >= v - 1e-9 for k, v in plan.per_node.items())]
-    if len(fits) < plan.nodes:
+    fitting = [n for n in nodes if fits(plan.per_node, n)]
+    if len(fitting) < plan.nodes:
         have = "; ".join(", ".join(f"{k}={v:g}" for k, v in sorted(n.items()) if _shown(k)) for n in nodes) or "none"
         raise ConfigError(
             f"cluster.stages.{plan.stage}: asks for {plan.nodes} node(s) with "
             f"{', '.join(f'{k}={v:g}' for k, v in sorted(plan.per_node.items())) or 'nothing'} each "
-            f"({plan.processes_per_node} process(es) per node), but {len(fits)} alive node(s) have that; "
+            f"({plan.processes_per_node} process(es) per node), but {len(fitting)} alive node(s) have that; "
             f"the nodes have: {have}")
+
+
+def fits(per_node: Mapping[str, float], node: Mapping[str, float]) -> bool:
+    """Whether a node with total resources ``node`` can ever hold one node task asking ``per_node``."""
+    return all(node.get(k, 0.0) >= v - 1e-9 for k, v in per_node.items())
 
 
 def _shown(resource: str) -> bool:

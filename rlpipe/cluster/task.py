@@ -14,13 +14,11 @@ items the first attempt had already yielded, the node's name among them.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import queue
 import signal
 import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +26,6 @@ from typing import Any
 from rlpipe.cluster.node import ENV_ATTEMPT, ENV_NODE, ENV_NODE_ID, ENV_PLACED
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-_STARTING: dict[str, subprocess.Popen] = {}  # warm servers this Ray worker started, by name
 
 
 def this_node() -> tuple[str, str, str]:
@@ -92,7 +89,14 @@ def run_on_node(job: dict[str, Any]) -> Iterator[tuple]:
                             "every node to mount the project at the same path (else use cluster.data: remote)")
         return
     if job.get("warm") and workspace is None and job["rank_envs"] == [{}]:
-        env["RLPIPE_STAGE_SERVER"] = warm_server(cwd, env, node_id)
+        from rlpipe.cluster.warm import server_for_stage
+
+        address, waited = server_for_stage(node_id, cwd)  # never a fresh import beside the server's own
+        if address is not None:
+            env["RLPIPE_STAGE_SERVER"] = address
+        if waited >= 1.0:
+            yield ("line", 0, "stderr", f"rlpipe: waited {waited:.1f} s for node {name}'s warm stage server"
+                                        + ("" if address else "; the stage runs in its own process"))
     codes = yield from _run_ranks(job["commands"], cwd, env, job["rank_envs"])
     if workspace is not None and not any(codes):
         try:
@@ -113,39 +117,6 @@ def post_on_node(job: dict[str, Any], mailbox: Any) -> None:
         last = mailbox.put.remote(item)
     if last is not None:
         ray.get(last)  # every item delivered before the task counts as finished
-
-
-def warm_server(project: str, env: dict[str, str], node_id: str) -> str:
-    """The name (``@...``) of this node's warm stage server for ``project``, started now if none answers.
-
-    Why: a stage forked from a process that imported torch & co. once starts in milliseconds instead of
-    seconds (rlpipe/worker/stage_server.py, docs/fixed-cost.md); without it every stage on a node pays a fresh
-    Python. The server is not waited for: until it answers, stages run in their own process, as before. It
-    is keyed by node and project (nodes simulated on one machine share the abstract socket namespace), runs
-    with the stage's environment (it declines stages whose import-time variables differ), and exits when
-    this Ray worker does (``--owner``): a node lost or a driver killed leaves no server, and the server kills
-    a stage whose handing-over process died (the parent-death signal of `_start`).
-    """
-    from rlpipe.worker import wire
-
-    key = hashlib.sha256(f"{os.getuid()}\0{node_id}\0{os.path.realpath(project)}".encode()).hexdigest()[:24]
-    name = f"rlpipe-node-stage-{key}"
-    try:
-        wire.connect("\0" + name, timeout=1.0).close()
-        return "@" + name
-    except OSError:
-        pass
-    if name in _STARTING and _STARTING[name].poll() is None:
-        return "@" + name  # still importing torch: this stage runs in its own process meanwhile
-    log_dir = os.path.join(project, ".rlpipe", "logs")
-    os.makedirs(log_dir, exist_ok=True)
-    with open(os.path.join(log_dir, f"node-stage-{node_id[:12]}.log"), "ab") as log:
-        argv = [sys.executable, "-P", "-m", "rlpipe.worker.stage_server", "--project", project,
-                "--address", "@" + name, "--owner", str(os.getpid()), "--idle-timeout", "3600"]
-        _STARTING[name] = subprocess.Popen(argv, cwd=project, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                           env={k: v for k, v in env.items() if k != "RLPIPE_STAGE_SERVER"},
-                                           start_new_session=True)
-    return "@" + name
 
 
 def _run_ranks(commands: list[str], cwd: str, env: dict[str, str], rank_envs: list[dict[str, str]]):

@@ -55,8 +55,9 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
     if params.iteration >= until:
         return rows
     executor = open_executor(root, params, cluster)
-    if executor is not None and not servers:
-        executor.warm = False  # --no-servers: no warm stage server on the nodes either
+    if executor is not None:
+        executor.warm = executor.warm and servers  # --no-servers: no warm stage server on the nodes either
+        executor.start_node_servers(root)  # warming on the nodes while prepare runs here
     # the main pipeline's stages (train above all) on their GPUs
     with environment("CUDA_VISIBLE_DEVICES", params.worker.train_devices):
         with RunServers(root, params) if servers else _NoServers() as running:
@@ -96,6 +97,8 @@ def run_iterations(root: str | Path = ".", *, until: int, params_file: str = "pa
             finally:
                 if ahead is not None:
                     ahead.close()
+                if executor is not None:
+                    executor.stop_node_servers()
     return rows
 
 
