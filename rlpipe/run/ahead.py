@@ -133,14 +133,45 @@ class Prefetch:
                 policies._link_or_copy(str(entry), str(self.dir / entry.name))
         shutil.copy2(self.root / params_file, self.dir / params_file)  # a real copy: it is edited below
         (self.dir / ".dvc").mkdir()
-        config = (self.root / ".dvc" / "config").read_text() if (self.root / ".dvc" / "config").is_file() else ""
-        cache = self.root / ".dvc" / "cache"
-        (self.dir / ".dvc" / "config").write_text(
-            _without_sections(config, ("core", "cache")) +
-            f"[core]\n    no_scm = true\n    analytics = false\n[cache]\n    dir = {cache}\n")
+        for name, text in scratch_configs(self.root / ".dvc").items():
+            (self.dir / ".dvc" / name).write_text(text)
         version = updates["policy.version"]
         policies.link_tree(policies.path_of(self.root, version), self.dir / STATE_SAMPLER)
         set_params(self.dir / params_file, updates)
+
+
+def scratch_configs(dvc_dir: Path) -> dict[str, str]:
+    """The scratch copy's .dvc/config and config.local: the project's remotes, their credentials and its default
+    remote (`cluster.data: remote` pushes and pulls through it), the project's cache, and no git."""
+    texts = {name: (dvc_dir / name).read_text() if (dvc_dir / name).is_file() else "" for name in ("config", "config.local")}
+    default = [line.strip() for text in texts.values() for line in _section(text, "core")
+               if line.split("=")[0].strip() == "remote"]  # config.local's, when both name one, comes last and wins
+    core = "[core]\n    no_scm = true\n    analytics = false\n" + "".join(f"    {line}\n" for line in default[-1:])
+    return {"config": _without_sections(texts["config"], ("core", "cache")) + core + f"[cache]\n    dir = {cache_dir(dvc_dir)}\n",
+            "config.local": _without_sections(texts["config.local"], ("core", "cache"))}
+
+
+def cache_dir(dvc_dir: Path) -> Path:
+    """The project's DVC cache: `cache.dir` of config.local, else of config (relative to .dvc/), else .dvc/cache."""
+    for name in ("config.local", "config"):
+        path = dvc_dir / name
+        for line in _section(path.read_text(), "cache") if path.is_file() else []:
+            key, _, value = line.partition("=")
+            if key.strip() == "dir":
+                return (dvc_dir / value.strip()).resolve()
+    return dvc_dir / "cache"
+
+
+def _section(config: str, name: str) -> list[str]:
+    """The key lines of one section of an INI text (stripped, comments left out)."""
+    lines, inside = [], False
+    for line in config.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("[") and stripped.endswith("]"):
+            inside = stripped.strip("[]").strip().strip("'\"") == name
+        elif inside and stripped and not stripped.startswith(("#", ";")):
+            lines.append(stripped)
+    return lines
 
 
 def _without_sections(config: str, names: tuple[str, ...]) -> str:

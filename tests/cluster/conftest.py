@@ -122,3 +122,34 @@ def without_timings(value):
 def copy_project(src: Path, dest: Path) -> Path:
     shutil.copytree(src, dest, symlinks=True)
     return dest
+
+
+S3_BUCKET = "rlpipe-cluster-test"
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's standalone S3 server over HTTP on 127.0.0.1, with the bucket the remote-data runs push to."""
+    pytest.importorskip("dvc_s3", reason="cluster.data: remote is tested through dvc-s3: pip install dvc-s3")
+    moto_server = pytest.importorskip("moto.server", reason="the S3 server of the test: pip install 'moto[server]'")
+    import boto3
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                 region_name="us-east-1").create_bucket(Bucket=S3_BUCKET)
+    yield endpoint
+    server.stop()
+
+
+def use_s3_remote(root: Path, endpoint: str, prefix: str) -> None:
+    """Make the bucket's ``prefix`` the project's default DVC remote (keys in .dvc/config.local) and commit it."""
+    for args in (["remote", "add", "-d", "store", f"s3://{S3_BUCKET}/{prefix}"],
+                 ["remote", "modify", "store", "endpointurl", endpoint],
+                 ["remote", "modify", "--local", "store", "access_key_id", "testing"],
+                 ["remote", "modify", "--local", "store", "secret_access_key", "testing"]):
+        run(["dvc", *args], root)
+    run(["git", "commit", "-qam", "DVC remote on S3"], root)
+

@@ -8,37 +8,15 @@ import json
 
 import pytest
 
-from tests.cluster.conftest import NODE_OF, PLACED, artifact_bytes, restored, rlpipe, without_timings
+from tests.cluster.conftest import NODE_OF, PLACED, artifact_bytes, restored, rlpipe, use_s3_remote, without_timings
 from tests.e2e.conftest import make_project, run
 
 pytestmark = pytest.mark.slow
-BUCKET = "rlpipe-cluster-test"
-
-
-@pytest.fixture(scope="module")
-def s3_server():
-    pytest.importorskip("dvc_s3", reason="cluster.data: remote is tested through dvc-s3: pip install dvc-s3")
-    moto_server = pytest.importorskip("moto.server", reason="the S3 server of the test: pip install 'moto[server]'")
-    import boto3
-
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
-                 region_name="us-east-1").create_bucket(Bucket=BUCKET)
-    yield endpoint
-    server.stop()
 
 
 def test_two_nodes_without_a_shared_disk_match_one_machine(ray_cluster, s3_server, one_machine, tmp_path):
     root = make_project(tmp_path / "p", {"cluster.stages": PLACED, "cluster.data": "remote"})
-    for args in (["remote", "add", "-d", "store", f"s3://{BUCKET}/dvc"],
-                 ["remote", "modify", "store", "endpointurl", s3_server],
-                 ["remote", "modify", "--local", "store", "access_key_id", "testing"],
-                 ["remote", "modify", "--local", "store", "secret_access_key", "testing"]):
-        run(["dvc", *args], root)
-    run(["git", "commit", "-qam", "DVC remote on S3"], root)
+    use_s3_remote(root, s3_server, "dvc")
     proc = rlpipe(["run", "-n", "1", "--cluster", ray_cluster.address], root)
     assert "[train@train-node] rlpipe train: steps=" in proc.stderr
     for stage, node in NODE_OF.items():

@@ -17,7 +17,7 @@ from rlpipe.config import load_params
 from rlpipe.data.io import Artifact
 from rlpipe.errors import ArtifactError, ConfigError, RlpipeError
 from rlpipe.run import policies
-from rlpipe.run.ahead import _without_sections, next_sampling_params, prefetchable, sampled_ahead
+from rlpipe.run.ahead import next_sampling_params, prefetchable, sampled_ahead, scratch_configs
 from rlpipe.training.data import check_policy_version
 from rlpipe.training.report import importance_weights
 from rlpipe.worker import lifecycle
@@ -140,9 +140,21 @@ def test_the_policy_store_keeps_links_and_prunes_what_no_iteration_samples(tmp_p
         policies.path_of(root, 0)
 
 
-def test_the_scratch_project_sets_its_own_core_and_cache_sections():
-    config = "[core]\n    autostage = true\n['remote \"shared\"']\n    url = /x\n[cache]\n    type = copy\n"
-    assert _without_sections(config, ("core", "cache")) == "['remote \"shared\"']\n    url = /x\n"
+def test_the_scratch_project_keeps_the_remotes_their_default_and_keys_and_uses_the_projects_cache(tmp_path):
+    """`cluster.data: remote` pushes through the default remote from the scratch copy too (it once lost
+    `core.remote` and the keys of config.local, and the prefetch failed)."""
+    dvc_dir = tmp_path / ".dvc"
+    dvc_dir.mkdir()
+    (dvc_dir / "config").write_text("[core]\n    autostage = true\n    remote = store\n"
+                                    "['remote \"store\"']\n    url = s3://bucket/dvc\n[cache]\n    type = copy\n")
+    (dvc_dir / "config.local").write_text("['remote \"store\"']\n    access_key_id = key\n[cache]\n    dir = ../../cache\n")
+    configs = scratch_configs(dvc_dir)
+    assert configs["config"] == ("['remote \"store\"']\n    url = s3://bucket/dvc\n"
+                                 "[core]\n    no_scm = true\n    analytics = false\n    remote = store\n"
+                                 f"[cache]\n    dir = {(tmp_path.parent / 'cache').resolve()}\n")
+    assert configs["config.local"] == "['remote \"store\"']\n    access_key_id = key\n"
+    (dvc_dir / "config.local").write_text("[core]\n    remote = other\n")  # the local default wins
+    assert "    remote = other\n[cache]\n    dir = " + str(dvc_dir / "cache") + "\n" in scratch_configs(dvc_dir)["config"]
 
 
 def split_params(tmp_path, *, staleness=1, generate="0", train="1", engine_server=True):
