@@ -36,7 +36,7 @@ def main(params: str = typer.Option("params.yaml", help="params file"),
         p = load_params(params)
         weights = reward_weights(p)
         sources = token_sources(p.advantage, rollouts=rollouts, ref_logprobs=ref_logprobs, values=values)
-    if streams(rollouts):  # too many tokens to hold: read, compute and write a chunk of rows at a time
+    if streams(rollouts, p.advantage.estimator):  # too many tokens to hold: read, compute and write a chunk of rows at a time
         with timer.phase("compute"):
             roll, rows = read_row_level(p, rollouts=rollouts, scores=scores, weights=weights)
             metadata = {"policy_version": roll.metadata.get("policy_version")}

@@ -1,7 +1,8 @@
 """The advantage stage's logic: group statistics, advantages per sample and per token, DAPO filters,
 and for the token-reward estimators (reinforce_plus_plus, gae) the KL-in-reward with its adaptive
-controller. Above `STREAM_ABOVE_TOKENS` completion tokens the stage streams (`stream_advantages`, the
-second half of this module): the same numbers, a chunk of rows at a time.
+controller. Above `STREAM_ABOVE_TOKENS` completion tokens (`TOKEN_STREAM_ABOVE_TOKENS` for REINFORCE++ and
+GAE) the stage streams (`stream_advantages`, the second half of this module): the same numbers, a chunk of
+rows at a time.
 
 numpy/polars only (no torch, no model), so this stage starts and finishes in about a second and a
 reward change re-runs it cheaply.
@@ -334,7 +335,10 @@ def read_row_level(p: Params, *, rollouts: str, scores: str, weights: dict[str, 
 # Chunks end at row boundaries, so a row's tokens are in one chunk, and the rows keep their order.
 
 STREAM_ABOVE_TOKENS = 1 << 27  # iterations with more completion tokens take this path (134M: above 67-78M sets)
-STREAM_ENV = "RLPIPE_STREAM_ABOVE_TOKENS"  # overrides it (benchmarks, tests): never changes a result
+# REINFORCE++ and GAE keep several float64 token arrays in memory: at 67M tokens 3.2x and 2.7x what they read and
+# write, where streamed they held 0.8-0.9 GiB (BENCHMARKS.md). They stream from 16.8M tokens on.
+TOKEN_STREAM_ABOVE_TOKENS = 1 << 24
+STREAM_ENV = "RLPIPE_STREAM_ABOVE_TOKENS"  # overrides both (benchmarks, tests): never changes a result
 CHUNK_TOKENS = 1 << 22  # completion tokens per chunk, about (4M: ~0.2 GiB of float64 temporaries)
 TOKEN_ESTIMATORS = ("reinforce_plus_plus", "gae")
 WHITENED_SEQUENCE_ESTIMATORS = ("reinforce_plus_plus_baseline", "gdpo")
@@ -369,9 +373,10 @@ class RowPlan:
         return kept, slice(first, first + int(np.count_nonzero(kept)))
 
 
-def streams(rollouts: str) -> bool:
-    """Whether the advantage stage streams this rollout table: more completion tokens than the threshold."""
-    threshold = int(os.environ.get(STREAM_ENV, STREAM_ABOVE_TOKENS))
+def streams(rollouts: str, estimator: str) -> bool:
+    """Whether the advantage stage streams this rollout table: more completion tokens than the estimator's threshold."""
+    default = TOKEN_STREAM_ABOVE_TOKENS if estimator in TOKEN_ESTIMATORS else STREAM_ABOVE_TOKENS
+    threshold = int(os.environ.get(STREAM_ENV, default))
     lengths = read_artifact(rollouts, ROLLOUTS, columns=["completion_length"]).frame["completion_length"]
     return int(lengths.sum()) > threshold
 

@@ -113,3 +113,19 @@ def test_both_stage_paths_name_a_missing_token_input(iteration, tmp_path, estima
     assert proc.returncode != 0
     assert f"advantage.estimator '{estimator}' needs {option}" in proc.stderr
     assert not (tmp_path / "adv.parquet").exists()
+
+
+def test_token_estimators_stream_from_a_smaller_size_than_the_others(iteration, monkeypatch):
+    """REINFORCE++ and GAE hold several float64 token arrays in memory, so they stream from
+    TOKEN_STREAM_ABOVE_TOKENS on; the sequence estimators from STREAM_ABOVE_TOKENS; the variable overrides both."""
+    from rlpipe.stages import advantage
+
+    rollouts = str(iteration / "rollouts.parquet")
+    tokens = int(read_artifact(rollouts, ROLLOUTS, columns=["completion_length"]).frame["completion_length"].sum())
+    monkeypatch.delenv(advantage.STREAM_ENV, raising=False)
+    monkeypatch.setattr(advantage, "TOKEN_STREAM_ABOVE_TOKENS", tokens - 1)
+    monkeypatch.setattr(advantage, "STREAM_ABOVE_TOKENS", tokens)
+    assert [advantage.streams(rollouts, e) for e in ("reinforce_plus_plus", "gae", "grpo", "rloo")] == \
+        [True, True, False, False]
+    monkeypatch.setenv(advantage.STREAM_ENV, str(tokens))
+    assert not advantage.streams(rollouts, "gae")
