@@ -2,8 +2,9 @@
 again on another node and the run completes, byte-identical; the driver killed -> `rlpipe run` again
 resumes and completes, byte-identical.
 
-train runs longer here (train.epochs: 40) so that the kill lands while it computes; the reference is the
-same project run on one machine. Only train is placed on the cluster: the other stages run on the driver
+train runs longer here (train.epochs: 160, ~16 s) so that the kill lands while it computes: forked from the
+node's warm stage server, 40 epochs (~4 s) ended before the spare node had joined. The reference is the same
+project run on one machine. Only train is placed on the cluster: the other stages run on the driver
 (in its warm stage server), which keeps these runs short.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from tests.cluster.conftest import artifact_bytes, cluster_env, rlpipe
 from tests.e2e.conftest import make_project
 
 pytestmark = pytest.mark.slow
-LONG_TRAIN = {"train.epochs": 40}
+LONG_TRAIN = {"train.epochs": 160}
 
 
 @pytest.fixture(scope="module")
